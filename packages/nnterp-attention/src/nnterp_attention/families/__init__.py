@@ -1,0 +1,1 @@
+"""The softmax-attention families, one module each."""

@@ -1,0 +1,5 @@
+from nnterp.testing import AttentionSuite, LayerSuite
+
+
+class TestLlama(LayerSuite, AttentionSuite):
+    family = "llama"

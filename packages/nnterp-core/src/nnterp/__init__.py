@@ -1,0 +1,65 @@
+"""nnterp: one vocabulary of standard values for every transformers language model.
+
+``StandardizedTransformer`` loads a model and wraps its modules in standard
+envoys, so ``model.layers[i].layer_output`` or
+``model.layers[i].self_attn.attention_probabilities`` reads and writes the live
+model through nnsight on every family. Families come from plugins
+(``nnterp-attention``, ``nnterp-deltanet``, ``nnterp-mamba``, ``nnterp-ssd``,
+or a third party's), found through the entry-point group ``nnterp``; names a
+plugin adds to this namespace (``nnterp.route_delta_rule``) resolve through the
+registry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import families, layouts
+from .components.layer import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, Layer
+from .components.mlp import Mlp
+from .components.standard import Standard, axis_size, blocks_support, first_tensor, rewrap
+from .descriptor import DerivedEProperty, EProperty, Unavailable, unavailable
+from .hookspecs import hookimpl, hookspec
+from .layouts import *  # noqa: F403
+from .registry import REGISTRY, PluginError, UnknownFamily, UnknownModelType
+from .transformer import StandardizedTransformer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DerivedEProperty",
+    "EProperty",
+    "Layer",
+    "Mlp",
+    "PARALLEL",
+    "POST_NORM_ATTENTION",
+    "POST_NORM_MLP",
+    "PluginError",
+    "REGISTRY",
+    "Standard",
+    "StandardizedTransformer",
+    "Unavailable",
+    "UnknownFamily",
+    "UnknownModelType",
+    "axis_size",
+    "blocks_support",
+    "families",
+    "first_tensor",
+    "hookimpl",
+    "hookspec",
+    "layouts",
+    "rewrap",
+    "unavailable",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    namespace = REGISTRY.namespace()
+    if name in namespace:
+        return namespace[name]
+    raise AttributeError(
+        f"module 'nnterp' has no attribute {name!r}; names added by installed plugins: "
+        f"{', '.join(sorted(namespace)) or '(none)'}"
+    )

@@ -1,0 +1,1 @@
+"""The standard envoys: what a family wraps its modules in."""

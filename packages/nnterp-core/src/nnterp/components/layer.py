@@ -1,0 +1,91 @@
+"""Layer: a decoder block and the residual stream through it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..descriptor import EProperty
+from ..layouts import Residual
+from .standard import Standard
+
+PARALLEL = "a parallel block: the attention and the MLP read the same input, so there is no stream between them"
+POST_NORM_ATTENTION = "a post-norm block: the attention reads the residual stream itself, layer_input"
+POST_NORM_MLP = "a post-norm block: the MLP reads the residual stream between the sublayers, layer_mid"
+
+
+class Layer(Standard):
+    """A decoder block: the residual stream entering it, leaving it, and the boundaries inside it.
+
+    Its children carry the rest under standard names, where the block has
+    them: ``self_attn`` (softmax attention), ``linear_attn`` (a recurrent
+    mixer), ``mlp`` (the feed-forward), ``input_layernorm`` and
+    ``post_attention_layernorm`` (the norms in front of the two sublayers).
+
+    The values are defined on the pre-norm block,
+    ``x + attn(norm1(x))`` then ``+ mlp(norm2(.))``, and keyed on the aliased
+    norms; a family whose block is built otherwise points them at its own
+    modules or marks them unavailable with the reason. Whatever the block, the
+    contributions add up::
+
+        layer_input + attention_output + mlp_output == layer_output
+    """
+
+    @EProperty("input")
+    def layer_input(self, value: Any) -> Residual:
+        """The residual stream entering this block, before any of its norms, [batch, seq, hidden_size].
+
+        The block's first argument. With the sublayers' contributions it is the
+        identity the boundary values are defined by. Assign or edit in place.
+        """
+        return value
+
+    @EProperty("input_layernorm.output")
+    def attention_norm_output(self, value: Any) -> Residual:
+        """What the attention is called with: its pre-norm's output, [batch, seq, hidden_size].
+
+        Assign or edit in place.
+        """
+        return value
+
+    @EProperty("post_attention_layernorm.input")
+    def layer_mid(self, value: Any) -> Residual:
+        """The residual stream between the two sublayers, [batch, seq, hidden_size].
+
+        ``layer_input + attention_output`` on a pre-norm block, read as what the
+        MLP's pre-norm is called with. A parallel block has no such stream.
+        Assign or edit in place.
+        """
+        return value
+
+    @EProperty("post_attention_layernorm.output")
+    def mlp_norm_output(self, value: Any) -> Residual:
+        """The MLP's pre-norm output, [batch, seq, hidden_size].
+
+        Assign or edit in place.
+        """
+        return value
+
+    @EProperty("mlp.input")
+    def mlp_input(self, value: Any) -> Residual:
+        """What the MLP is called with, [batch, seq, hidden_size].
+
+        The same tensor as ``mlp_norm_output`` where nothing sits between the
+        norm and the MLP. Assign or edit in place.
+        """
+        return value
+
+    @EProperty("output")
+    def layer_output(self, value: Any) -> Residual:
+        """The residual stream leaving this block, [batch, seq, hidden_size].
+
+        The block's output (its first element when the block returns a
+        tuple). Assign or edit in place.
+        """
+        return value
+
+    def skip(self, hidden: Any) -> None:
+        """Skip this block: it does not run, and ``hidden`` takes the place of its ``layer_output``.
+
+        Call it inside a trace, before the block runs.
+        """
+        super().skip(hidden)

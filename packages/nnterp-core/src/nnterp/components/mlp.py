@@ -1,0 +1,55 @@
+"""Mlp: a feed-forward sublayer and its neurons."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..descriptor import EProperty
+from ..layouts import Neurons, Residual
+from .standard import Standard
+
+
+class Mlp(Standard):
+    """A feed-forward module: its contribution to the residual stream and its neurons.
+
+    The activation is ``act_fn`` and the output projection ``down_proj``; a
+    family aliases its own spellings (``act``, ``c_proj``, ``dense_4h_to_h``,
+    ``fc2``) to them in its ``RENAME``.
+    """
+
+    @property
+    def intermediate_size(self) -> int:
+        """Width of this MLP's hidden layer, read off the module (its ``intermediate_size``, else the down projection's input width)."""
+        module = self._module
+        size = getattr(module, "intermediate_size", None)
+        if isinstance(size, int):
+            return size
+        down = self.down_proj._module
+        weight = down.weight
+        return weight.shape[1] if hasattr(down, "in_features") else weight.shape[0]
+
+    @EProperty("output")
+    def mlp_output(self, value: Any) -> Residual:
+        """What the MLP adds to the residual stream, [batch, seq, hidden_size].
+
+        Assign or edit in place.
+        """
+        return value
+
+    @EProperty("act_fn.output")
+    def mlp_activation(self, value: Any) -> Neurons:
+        """The activation's output, [batch, seq, intermediate_size].
+
+        ``act(gate_proj(x))`` on a gated MLP, ``act(up_proj(x))`` on a plain
+        one. Assign or edit in place.
+        """
+        return value
+
+    @EProperty("down_proj.input")
+    def mlp_neurons(self, value: Any) -> Neurons:
+        """The neurons the output projection sums, [batch, seq, intermediate_size].
+
+        ``act(gate_proj(x)) * up_proj(x)`` on a gated MLP; on a plain one the
+        same tensor as ``mlp_activation``. Assign or edit in place.
+        """
+        return value

@@ -1,0 +1,108 @@
+"""Standard: the envoy that carries standard values, and what every such envoy shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from nnsight.intervention.envoy import Envoy
+
+from ..descriptor import EProperty
+
+
+class Standard(Envoy):
+    """An envoy carrying standard values: what ``Layer``, ``Attention``, ``Mlp`` and the recurrent mixers share.
+
+    Its values are the :class:`~nnterp.EProperty` attributes of its class; each
+    is listed in the repr with its layout, and ``support()`` says which this
+    module has. A family subclasses the standard envoy of a module whose
+    forward is spelled differently and overrides only the values that differ.
+    """
+
+    @classmethod
+    def values(cls) -> dict[str, EProperty]:
+        """Every standard value this envoy class declares, by name."""
+        found: dict[str, EProperty] = {}
+        for klass in reversed(cls.__mro__):
+            for name, attr in vars(klass).items():
+                if isinstance(attr, EProperty):
+                    found[name] = attr
+                elif name in found:
+                    del found[name]
+        return found
+
+    def support(self) -> dict[str, str | None]:
+        """Which values this module has: value name -> ``None`` when available, else the reason it is not."""
+        return {name: value.reason(self) for name, value in self.values().items()}
+
+
+def axis_size(envoy: Envoy, axis: str) -> int:
+    """The size of layout axis ``axis`` on a value ``envoy`` serves.
+
+    An axis that is a fact about the model is named after the attribute holding
+    its size (``HIDDEN`` is ``"hidden_size"``), so the size is that attribute:
+    on ``envoy`` when its class declares it (an attention's ``num_heads``), else
+    on the first envoy above it whose class does, up to the model's root::
+
+        axis_size(model.layers[3], HIDDEN)          # model.hidden_size
+        axis_size(model.layers[3].self_attn, HEADS)  # this block's heads
+
+    Only an envoy's class counts, never an attribute of the wrapped module,
+    which can share a name and hold another number.
+
+    Raises:
+        ValueError: no envoy from ``envoy`` to the root declares ``axis``
+            (``batch`` and ``seq`` are facts about the input, not the model).
+    """
+    node: Envoy | None = envoy
+    while node is not None:
+        if any(axis in vars(klass) for klass in type(node).__mro__ if klass is not Envoy):
+            return getattr(node, axis)
+        node = node.parent
+    raise ValueError(f"no envoy from {envoy.path} up to the root declares the size of axis {axis!r}")
+
+
+def first_tensor(value: Any) -> torch.Tensor:
+    """The tensor of a module output: the first element when the module returns a tuple."""
+    return value[0] if isinstance(value, tuple) else value
+
+
+def rewrap(raw: Any, value: torch.Tensor) -> Any:
+    """``value`` in the shape the module returned: back in its tuple, if it returned one."""
+    return (value, *raw[1:]) if isinstance(raw, tuple) else value
+
+
+def blocks_support(blocks: list[Envoy], layer: int | None = None) -> dict[str, Any]:
+    """The block values of a block list, the way ``support`` reports them.
+
+    With ``layer``, that block's values by dotted name (``"layer_output"``,
+    ``"self_attn.attention_probabilities"``) -> reason or ``None``. Without,
+    each value -> ``None`` when available on every block, else
+    ``{layer: reason}`` for the blocks where it is not. A value of a module
+    some blocks do not have (a hybrid's ``linear_attn``) is reported on those
+    blocks as ``no <module> module on this block``.
+    """
+    per_block = [_block_support(block) for block in blocks]
+    names = list(dict.fromkeys(name for table in per_block for name in table))
+    for table in per_block:
+        for name in names:
+            if name not in table:
+                table[name] = f"no {name.split('.')[0]} module on this block"
+    if layer is not None:
+        return per_block[layer]
+    support: dict[str, Any] = {}
+    for name in names:
+        missing = {i: table[name] for i, table in enumerate(per_block) if table[name] is not None}
+        support[name] = missing or None
+    return support
+
+
+def _block_support(block: Envoy) -> dict[str, str | None]:
+    table = dict(block.support()) if isinstance(block, Standard) else {}
+    for name, child in block._named_children():
+        aliases = [alias for alias, real in block._aliases.items() if real == name]
+        if isinstance(child, Standard):
+            standard_name = aliases[0] if aliases else name
+            for value, reason in child.support().items():
+                table[f"{standard_name}.{value}"] = reason
+    return table

@@ -1,0 +1,62 @@
+"""The hooks an nnterp plugin implements.
+
+A plugin is a module declared in its distribution's entry-point group
+``nnterp`` (``[project.entry-points.nnterp] mamba = "nnterp_mamba.plugin"``)
+that implements any of these with ``@nnterp.hookimpl``. Every hook is called
+on every plugin and its results are collected.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Callable
+
+import pluggy
+
+PROJECT = "nnterp"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def nnterp_families() -> list[ModuleType]:
+    """The family modules this plugin provides.
+
+    A family module has ``MODEL_TYPES`` (the transformers ``model_type``\\ s it
+    handles), ``ENVOYS`` (module type or path pattern -> Envoy subclass, for
+    nnsight's ``envoys=``), ``RENAME`` (standard names for nnsight's
+    ``rename=``, merged over core's common spellings), ``TINY_CONFIG`` (kwargs
+    for ``AutoConfig.for_model(MODEL_TYPES[0], **TINY_CONFIG)`` that build a
+    random-weight model in well under a second) and, optionally, ``MODELING``
+    (the transformers modeling module its kernels live in). It is reachable as
+    ``nnterp.families.<last dotted name>``.
+    """
+
+
+@hookspec
+def nnterp_namespace() -> dict[str, Any]:
+    """Names this plugin adds to the ``nnterp`` namespace (``{"route_delta_rule": route_delta_rule}``).
+
+    ``nnterp.<name>`` resolves through the registry, so core imports no plugin.
+    Two plugins adding one name is an error naming both.
+    """
+
+
+@hookspec
+def nnterp_kernel_routers() -> dict[str, Callable[[ModuleType, str], None]]:
+    """Kernel routers by family name: ``{family_name: route(family, mode)}``.
+
+    ``nnterp.route_kernels(family, mode)`` calls the router registered for the
+    family; a family whose mixers have pure-torch kernels to route registers
+    one.
+    """
+
+
+@hookspec
+def nnterp_suites() -> dict[type, type]:
+    """Conformance suites by envoy class: ``{SelectiveScan: SelectiveScanSuite}``.
+
+    ``nnterp check`` runs, on each family's tiny model, the suite of every
+    standard envoy class the model's blocks are wrapped in (and their bases').
+    """

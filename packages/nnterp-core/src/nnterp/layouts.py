@@ -1,0 +1,68 @@
+"""Axis names and the tensor layouts of the standard values.
+
+An axis that is a fact about the model is named after the attribute that holds
+its size (``HIDDEN`` is ``"hidden_size"``), so :func:`nnterp.axis_size` finds the
+size on the envoy serving the value. The other axes (``batch``, ``seq``) are
+facts about the input.
+
+Each layout is a jaxtyping type: ``isinstance(tensor, Residual)`` checks rank and
+dtype, and ``EProperty.dims`` names the axes the same way on every family.
+"""
+
+from __future__ import annotations
+
+from jaxtyping import Float, Int
+from torch import Tensor
+
+BATCH = "batch"
+SEQ = "seq"
+QUERY = "query"
+KEY = "key"
+HIDDEN = "hidden_size"
+INTERMEDIATE = "intermediate_size"
+VOCAB = "vocab_size"
+HEADS = "num_heads"
+KV_HEADS = "num_kv_heads"
+HEAD_DIM = "head_dim"
+QK_HEAD_DIM = "qk_head_dim"
+MIXER_HEADS = "mixer_heads"
+KEY_DIM = "key_dim"
+VALUE_DIM = "value_dim"
+STATE_DIM = "state_dim"
+CHANNELS = "channels"
+GROUPS = "groups"
+
+Residual = Float[Tensor, f"{BATCH} {SEQ} {HIDDEN}"]
+Neurons = Float[Tensor, f"{BATCH} {SEQ} {INTERMEDIATE}"]
+Logits = Float[Tensor, f"{BATCH} {SEQ} {VOCAB}"]
+Probabilities = Float[Tensor, f"{BATCH} {VOCAB}"]
+TokenIds = Int[Tensor, f"{BATCH} {SEQ}"]
+
+Queries = Float[Tensor, f"{BATCH} {HEADS} {SEQ} {QK_HEAD_DIM}"]
+Keys = Float[Tensor, f"{BATCH} {KV_HEADS} {SEQ} {QK_HEAD_DIM}"]
+Values = Float[Tensor, f"{BATCH} {KV_HEADS} {SEQ} {HEAD_DIM}"]
+Pattern = Float[Tensor, f"{BATCH} {HEADS} {QUERY} {KEY}"]
+HeadOutputs = Float[Tensor, f"{BATCH} {SEQ} {HEADS} {HEAD_DIM}"]
+
+# Recurrent mixers put the sequence axis first after the batch, as their kernels do.
+LinearQK = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM}"]
+LinearV = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {VALUE_DIM}"]
+Gates = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS}"]
+ChannelGates = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM}"]
+State = Float[Tensor, f"{BATCH} {MIXER_HEADS} {KEY_DIM} {VALUE_DIM}"]
+States = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM} {VALUE_DIM}"]
+LinearHeadOutputs = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {VALUE_DIM}"]
+
+ScanQK = Float[Tensor, f"{BATCH} {SEQ} {GROUPS} {STATE_DIM}"]
+ScanValues = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS}"]
+ScanSteps = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS}"]
+ScanDecays = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS} {STATE_DIM}"]
+ScanState = Float[Tensor, f"{BATCH} {CHANNELS} {STATE_DIM}"]
+ScanStates = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS} {STATE_DIM}"]
+
+SSDQueries = Float[Tensor, f"{BATCH} {SEQ} {GROUPS} {STATE_DIM}"]
+SSDKeys = SSDQueries
+SSDValues = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {HEAD_DIM}"]
+SSDHeadOutputs = SSDValues
+SSDState = Float[Tensor, f"{BATCH} {MIXER_HEADS} {STATE_DIM} {HEAD_DIM}"]
+SSDStates = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {STATE_DIM} {HEAD_DIM}"]

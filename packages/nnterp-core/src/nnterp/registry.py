@@ -1,0 +1,240 @@
+"""The plugin registry: which families are installed, and which one a model belongs to.
+
+Plugins are found through the entry-point group ``nnterp``, once, lazily, on
+first need. A plugin that fails to import is recorded (name, distribution,
+error) and warned about, and the others keep working. Tests and notebooks
+register a plugin object directly with :meth:`Registry.register`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import warnings
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable
+
+import pluggy
+
+from . import hookspecs
+
+ENTRY_POINT_GROUP = "nnterp"
+
+#: The distribution that handles a model_type, for the error raised when none installed does.
+KNOWN_DISTRIBUTIONS = {
+    **dict.fromkeys(
+        ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "olmo2", "phi3", "gpt2", "gpt_neox"),
+        "nnterp-attention",
+    ),
+    **dict.fromkeys(("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "olmo_hybrid", "kimi_linear"), "nnterp-deltanet"),
+    **dict.fromkeys(("mamba", "falcon_mamba", "jamba"), "nnterp-mamba"),
+    **dict.fromkeys(("mamba2", "nemotron_h", "bamba", "falcon_h1", "zamba2", "granitemoehybrid"), "nnterp-ssd"),
+}
+
+
+class PluginError(RuntimeError):
+    """A plugin conflict, or a lookup no installed plugin answers."""
+
+
+class UnknownModelType(PluginError):
+    """No installed plugin handles a model's ``model_type``."""
+
+
+class UnknownFamily(PluginError, AttributeError):
+    """No installed plugin provides a family of that name."""
+
+
+@dataclass
+class PluginInfo:
+    """One registered plugin: its name, where it came from, and what it provides."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    module: Any
+    families: list[ModuleType] = field(default_factory=list)
+
+
+@dataclass
+class PluginFailure:
+    """A plugin whose module raised on import."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    error: str
+
+
+class Registry:
+    """The installed plugins, and the families, names, routers and suites they provide."""
+
+    def __init__(self) -> None:
+        self.manager = pluggy.PluginManager(hookspecs.PROJECT)
+        self.manager.add_hookspecs(hookspecs)
+        self.failures: list[PluginFailure] = []
+        self._sources: dict[str, tuple[str | None, str | None]] = {}
+        self._loaded = False
+        self._index: dict[str, Any] | None = None
+
+    # -- plugins -------------------------------------------------------------
+
+    def load(self) -> None:
+        """Import every plugin of the entry-point group, once; record the ones that fail."""
+        if self._loaded:
+            return
+        self._loaded = True
+        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            distribution = entry_point.dist.name if entry_point.dist else None
+            version = entry_point.dist.version if entry_point.dist else None
+            if self.manager.has_plugin(entry_point.name):
+                continue
+            try:
+                module = entry_point.load()
+            except Exception as error:
+                failure = PluginFailure(entry_point.name, distribution, version, f"{type(error).__name__}: {error}")
+                self.failures.append(failure)
+                warnings.warn(
+                    f"nnterp plugin {failure.name!r} (distribution {distribution}) failed to import and is "
+                    f"skipped: {failure.error}",
+                    stacklevel=2,
+                )
+                continue
+            self._sources[entry_point.name] = (distribution, version)
+            self.manager.register(module, name=entry_point.name)
+        self._index = None
+
+    def register(self, plugin: Any, name: str | None = None) -> str:
+        """Register a plugin object directly, without an entry point; returns its name."""
+        self.load()
+        registered = self.manager.register(plugin, name=name)
+        self._index = None
+        return registered
+
+    def unregister(self, name: str) -> None:
+        """Remove a plugin registered under ``name``."""
+        self.manager.unregister(name=name)
+        self._sources.pop(name, None)
+        self._index = None
+
+    def plugins(self) -> list[PluginInfo]:
+        """Every registered plugin with its distribution, version and families."""
+        self.load()
+        infos = []
+        for name, module in self.manager.list_name_plugin():
+            distribution, version = self._sources.get(name, (None, None))
+            families = [family for family in self._families_of(module)]
+            infos.append(PluginInfo(name, distribution, version, module, families))
+        return infos
+
+    # -- what plugins provide ------------------------------------------------
+
+    def _families_of(self, plugin: Any) -> list[ModuleType]:
+        hook = getattr(plugin, "nnterp_families", None)
+        return list(hook()) if hook is not None else []
+
+    def _build_index(self) -> dict[str, Any]:
+        self.load()
+        families: dict[str, ModuleType] = {}
+        owners: dict[str, str] = {}
+        by_model_type: dict[str, ModuleType] = {}
+        for info in self.plugins():
+            for family in info.families:
+                name = family_name(family)
+                if name in families and families[name] is not family:
+                    raise PluginError(
+                        f"plugins {owners[name]!r} and {info.name!r} both provide a family named {name!r}; "
+                        f"uninstall one of them"
+                    )
+                families[name] = family
+                owners[name] = info.name
+                for model_type in family.MODEL_TYPES:
+                    if model_type in by_model_type and by_model_type[model_type] is not family:
+                        other = by_model_type[model_type]
+                        raise PluginError(
+                            f"model_type {model_type!r} is claimed by two plugins: {owners[family_name(other)]!r} "
+                            f"(family {family_name(other)}) and {info.name!r} (family {name}); uninstall one of them"
+                        )
+                    by_model_type[model_type] = family
+        namespace: dict[str, Any] = {}
+        for name, plugin in self.manager.list_name_plugin():
+            hook = getattr(plugin, "nnterp_namespace", None)
+            for key, value in (hook() if hook else {}).items():
+                if key in namespace and namespace[key][1] is not value:
+                    raise PluginError(f"plugins {namespace[key][0]!r} and {name!r} both add nnterp.{key}")
+                namespace[key] = (name, value)
+        routers: dict[str, Callable] = {}
+        suites: dict[type, type] = {}
+        for plugin in self.manager.get_plugins():
+            if hasattr(plugin, "nnterp_kernel_routers"):
+                routers.update(plugin.nnterp_kernel_routers())
+            if hasattr(plugin, "nnterp_suites"):
+                suites.update(plugin.nnterp_suites())
+        return {
+            "families": families,
+            "owners": owners,
+            "model_types": by_model_type,
+            "namespace": {key: value for key, (_, value) in namespace.items()},
+            "routers": routers,
+            "suites": suites,
+        }
+
+    @property
+    def index(self) -> dict[str, Any]:
+        if self._index is None:
+            self._index = self._build_index()
+        return self._index
+
+    def families(self) -> dict[str, ModuleType]:
+        """Every installed family by name."""
+        return dict(self.index["families"])
+
+    def family(self, name: str) -> ModuleType:
+        """The family called ``name`` (``"llama"``, ``"qwen3_5_text"``)."""
+        families = self.index["families"]
+        if name not in families:
+            raise UnknownFamily(
+                f"no installed nnterp plugin provides a family named {name!r}; installed families: "
+                f"{', '.join(sorted(families)) or '(none)'}"
+                + self._hint(name)
+            )
+        return families[name]
+
+    def family_for(self, model_type: str) -> ModuleType:
+        """The family that handles ``model_type``."""
+        by_model_type = self.index["model_types"]
+        if model_type in by_model_type:
+            return by_model_type[model_type]
+        plugins = ", ".join(f"{info.name} ({info.distribution or 'registered directly'})" for info in self.plugins())
+        raise UnknownModelType(
+            f"no installed nnterp plugin handles model_type {model_type!r}; installed plugins: {plugins or '(none)'}"
+            + self._hint(model_type)
+        )
+
+    def _hint(self, model_type: str) -> str:
+        distribution = KNOWN_DISTRIBUTIONS.get(model_type)
+        hint = f". It is handled by {distribution}: pip install {distribution}" if distribution else ""
+        failed = [failure for failure in self.failures if failure.distribution == distribution]
+        for failure in failed:
+            hint += f" (its plugin {failure.name!r} is installed but failed to import: {failure.error})"
+        return hint
+
+    def namespace(self) -> dict[str, Any]:
+        """The names plugins add to ``nnterp``."""
+        return self.index["namespace"]
+
+    def router(self, family: ModuleType) -> Callable[[ModuleType, str], None] | None:
+        """The kernel router registered for ``family``, or ``None``."""
+        return self.index["routers"].get(family_name(family))
+
+    def suites(self) -> dict[type, type]:
+        """Conformance suites by the envoy class they test."""
+        return dict(self.index["suites"])
+
+
+def family_name(family: ModuleType) -> str:
+    """A family's name: the last dotted part of its module name."""
+    return family.__name__.rsplit(".", 1)[-1]
+
+
+#: The process's registry.
+REGISTRY = Registry()

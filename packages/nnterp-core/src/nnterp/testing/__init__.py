@@ -1,0 +1,20 @@
+"""Testing kit: tiny models built locally, and the conformance suites a family's tests mix in."""
+
+from .models import save_tiny, tiny_config, tiny_model, tiny_standardized
+from .suites import ATOL, PROMPT, AttentionSuite, LayerSuite, Suite, blocks_with, close
+from .tokenizer import local_tokenizer
+
+__all__ = [
+    "ATOL",
+    "AttentionSuite",
+    "LayerSuite",
+    "PROMPT",
+    "Suite",
+    "blocks_with",
+    "close",
+    "local_tokenizer",
+    "save_tiny",
+    "tiny_config",
+    "tiny_model",
+    "tiny_standardized",
+]

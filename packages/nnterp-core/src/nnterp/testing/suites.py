@@ -1,0 +1,239 @@
+"""Reusable conformance suites: the properties every family's standard values must have.
+
+A family's test file mixes the suites of its modules into one class named
+``Test<Family>`` and names the family; a third-party plugin does the same::
+
+    class TestLlama(LayerSuite, AttentionSuite):
+        family = "llama"
+
+The model is built once per class (``setup_class``), from the family's tiny
+config with random weights. Each check is a property of the model (an
+identity, a reference computation from served values, a write and what it
+changes), never only that something ran. ``nnterp check`` runs the same
+suites without pytest.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import unittest
+from typing import Any, ClassVar
+
+import torch
+
+from ..descriptor import Unavailable
+from ..transformer import StandardizedTransformer
+from .models import save_tiny, tiny_model, tiny_standardized
+
+PROMPT = "Hello world, there"
+ATOL = 1e-5
+
+
+def blocks_with(model: StandardizedTransformer, module: str) -> list[int]:
+    """The indices of the blocks that have a child under the standard name ``module``; call it outside a trace."""
+    return [i for i, layer in enumerate(model.layers) if getattr(layer, module, None) is not None]
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, atol: float = ATOL, what: str = "") -> None:
+    """Assert two tensors are equal up to ``atol``, naming ``what`` and the largest difference."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    difference = (actual.float() - expected.float()).abs().max().item()
+    assert difference <= atol, f"{what}: differs by {difference:.3g} (tolerance {atol})"
+
+
+class Suite:
+    """What every suite shares: the family under test, and its model built once per class."""
+
+    family: ClassVar[str]
+    load: ClassVar[dict[str, Any]] = {}
+    model: ClassVar[StandardizedTransformer]
+
+    @classmethod
+    def build_model(cls) -> StandardizedTransformer:
+        return tiny_standardized(cls.family, **cls.load)
+
+    @classmethod
+    def setup_class(cls) -> None:
+        cls.model = cls.build_model()
+
+
+class LayerSuite(Suite):
+    """The residual stream through every block: contributions add up, and writes reach the next block."""
+
+    #: The sublayer contributions of a block, in the order its forward produces them.
+    CONTRIBUTIONS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("self_attn", "attention_output"),
+        ("linear_attn", "attention_output"),
+        ("mlp", "mlp_output"),
+    )
+
+    def contributions(self, layer: int) -> list[tuple[str, str]]:
+        block = self.model.layers[layer]
+        return [(module, value) for module, value in self.CONTRIBUTIONS if getattr(block, module, None) is not None]
+
+    def test_contributions_add_up_to_layer_output(self) -> None:
+        model = self.model
+        plan = [self.contributions(i) for i in range(model.num_layers)]
+        inputs, parts, outputs = [], [], []
+        with model.trace(PROMPT):
+            for i, layer in enumerate(model.layers):
+                inputs.append(layer.layer_input.save())
+                parts.append([getattr(getattr(layer, module), value).save() for module, value in plan[i]])
+                outputs.append(layer.layer_output.save())
+        for i in range(model.num_layers):
+            assert plan[i], f"block {i} has no sublayer contribution"
+            total = inputs[i] + sum(parts[i])
+            close(total, outputs[i], what=f"layers[{i}]: layer_input + {plan[i]} vs layer_output")
+
+    def test_layer_mid_is_input_plus_attention(self) -> None:
+        model = self.model
+        support = model.support()
+        if support["layer_mid"] is not None and len(support["layer_mid"]) == model.num_layers:
+            raise unittest.SkipTest(f"no block has a stream between its sublayers: {support['layer_mid']}")
+        blocks = [i for i in range(model.num_layers) if not (support["layer_mid"] or {}).get(i)]
+        plan = {i: self.contributions(i)[0] for i in blocks}
+        saved = {}
+        with model.trace(PROMPT):
+            for i in blocks:
+                layer = model.layers[i]
+                module, value = plan[i]
+                saved[i] = (
+                    layer.layer_input.save(),
+                    getattr(getattr(layer, module), value).save(),
+                    layer.layer_mid.save(),
+                )
+        for i, (entering, attention, mid) in saved.items():
+            close(entering + attention, mid, what=f"layers[{i}]: layer_input + {plan[i][1]} vs layer_mid")
+
+    def test_assigned_layer_output_is_next_layer_input(self) -> None:
+        model = self.model
+        with model.trace(PROMPT):
+            clean = model.logits.save()
+        with model.trace(PROMPT):
+            written = torch.zeros_like(model.layers[0].layer_output) + 0.5
+            model.layers[0].layer_output = written
+            received = model.layers[1].layer_input.save()
+            edited = model.logits.save()
+        close(received, torch.full_like(received, 0.5), what="layers[1].layer_input after assigning layers[0].layer_output")
+        assert not torch.allclose(clean, edited), "assigning layers[0].layer_output left the logits unchanged"
+
+    def test_in_place_edit_of_layer_output_reaches_next_layer(self) -> None:
+        model = self.model
+        with model.trace(PROMPT):
+            model.layers[0].layer_output[:, -1] = 0
+            received = model.layers[1].layer_input.save()
+        assert torch.count_nonzero(received[:, -1]) == 0, "an in-place edit of layer_output did not reach layers[1]"
+        assert torch.count_nonzero(received[:, 0]) > 0
+
+    def test_skipped_block_passes_its_input_on(self) -> None:
+        model = self.model
+        with model.trace(PROMPT):
+            entering = model.layers[0].layer_input.save()
+            model.layers[0].skip(entering)
+            received = model.layers[1].layer_input.save()
+        close(received, entering, what="layers[1].layer_input after skipping layers[0]")
+
+    def test_logits_and_next_token_probs(self) -> None:
+        model = self.model
+        with model.trace(PROMPT):
+            logits = model.logits.save()
+            probs = model.next_token_probs.save()
+        seq = len(model.tokenizer(PROMPT).input_ids)
+        assert tuple(logits.shape) == (1, seq, model.vocab_size)
+        close(probs, torch.softmax(logits[:, -1].float(), dim=-1), what="next_token_probs")
+        close(probs.sum(-1), torch.ones(1), atol=1e-4, what="next_token_probs row sums")
+
+    def test_unavailable_values_raise_what_support_reports(self) -> None:
+        model = self.model
+        for layer in range(model.num_layers):
+            block = model.layers[layer]
+            for name, reason in model.support(layer=layer).items():
+                owner, _, value = name.rpartition(".")
+                if reason is None or (owner and getattr(block, owner, None) is None):
+                    continue
+                envoy = getattr(block, owner) if owner else block
+                try:
+                    with model.trace(PROMPT):
+                        getattr(envoy, value).save()
+                except Unavailable as error:
+                    assert reason in str(error), f"{name}: raised {error!r}, support says {reason!r}"
+                else:
+                    raise AssertionError(f"layers[{layer}].{name} is reported unavailable ({reason}) but was read")
+
+    def test_saved_model_loads_by_path(self) -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            save_tiny(self.family, directory, **self.load)
+            loaded = StandardizedTransformer(directory, **self.load)
+            assert loaded.family is self.model.family
+            reference = StandardizedTransformer(tiny_model(self.family, **self.load), tokenizer=loaded.tokenizer)
+            with loaded.trace(PROMPT):
+                from_disk = loaded.logits.save()
+            with reference.trace(PROMPT):
+                in_memory = reference.logits.save()
+        close(from_disk, in_memory, what="logits of the model loaded by path")
+
+
+class AttentionSuite(Suite):
+    """Softmax attention, read inside the eager interface: the pattern, its inputs and its outputs agree."""
+
+    def attention_blocks(self) -> list[int]:
+        support = self.model.support()
+        missing = support.get("self_attn.attention_probabilities") or {}
+        return [i for i in blocks_with(self.model, "self_attn") if i not in missing]
+
+    def read(self, layer: int, *names: str) -> list[torch.Tensor]:
+        attention = self.model.layers[layer].self_attn
+        saved: list[torch.Tensor] = []  # bound outside: a name first bound inside a trace does not survive it
+        with self.model.trace(PROMPT):
+            saved.extend(getattr(attention, name).save() for name in names)
+        return saved
+
+    def test_sizes_match_served_shapes(self) -> None:
+        seq = len(self.model.tokenizer(PROMPT).input_ids)
+        for layer in self.attention_blocks():
+            attention = self.model.layers[layer].self_attn
+            queries, keys, values, pattern, heads = self.read(
+                layer, "attention_queries", "attention_keys", "attention_values", "attention_probabilities", "attention_head_outputs"
+            )
+            assert tuple(queries.shape) == (1, attention.num_heads, seq, attention.qk_head_dim)
+            assert tuple(keys.shape) == (1, attention.num_kv_heads, seq, attention.qk_head_dim)
+            assert tuple(values.shape) == (1, attention.num_kv_heads, seq, attention.head_dim)
+            assert tuple(pattern.shape) == (1, attention.num_heads, seq, seq)
+            assert tuple(heads.shape) == (1, seq, attention.num_heads, attention.head_dim)
+
+    def test_pattern_is_softmax_of_scores(self) -> None:
+        for layer in self.attention_blocks():
+            scores, pattern = self.read(layer, "attention_scores", "attention_probabilities")
+            close(torch.softmax(scores.float(), dim=-1), pattern, what=f"layers[{layer}] softmax(scores) vs pattern")
+            close(pattern.sum(-1), torch.ones_like(pattern.sum(-1)), atol=1e-4, what="pattern row sums")
+            future = torch.triu(torch.ones(pattern.shape[-2:], dtype=torch.bool), diagonal=1)
+            assert pattern[..., future].abs().max() == 0, "a query attends to a later key"
+
+    def test_head_outputs_mix_values_with_pattern(self) -> None:
+        for layer in self.attention_blocks():
+            values, pattern, heads = self.read(layer, "attention_values", "attention_probabilities", "attention_head_outputs")
+            repeated = values.repeat_interleave(pattern.shape[1] // values.shape[1], dim=1)
+            expected = (pattern @ repeated).transpose(1, 2)
+            close(heads, expected, what=f"layers[{layer}] head outputs vs pattern @ values")
+
+    def test_zero_queries_give_uniform_causal_pattern(self) -> None:
+        for layer in self.attention_blocks():
+            attention = self.model.layers[layer].self_attn
+            with self.model.trace(PROMPT):
+                attention.attention_queries = torch.zeros_like(attention.attention_queries)
+                pattern = attention.attention_probabilities.save()
+            seq = pattern.shape[-1]
+            causal = torch.tril(torch.ones(seq, seq))
+            expected = (causal / causal.sum(-1, keepdim=True)).expand_as(pattern)
+            close(pattern, expected, what=f"layers[{layer}] pattern under zero queries")
+
+    def test_pattern_edit_changes_only_its_query(self) -> None:
+        for layer in self.attention_blocks():
+            attention = self.model.layers[layer].self_attn
+            with self.model.trace(PROMPT):
+                clean = attention.attention_output.save()
+            with self.model.trace(PROMPT):
+                attention.attention_probabilities[:, :, -1] = 0
+                edited = attention.attention_output.save()
+            close(edited[:, :-1], clean[:, :-1], what=f"layers[{layer}] outputs before the edited query")
+            assert not torch.allclose(edited[:, -1], clean[:, -1]), "zeroing the last query's pattern changed nothing"

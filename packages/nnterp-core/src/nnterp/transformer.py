@@ -1,0 +1,168 @@
+"""StandardizedTransformer: a transformers language model under the standard names."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from types import ModuleType
+from typing import Any
+
+import torch
+from nnsight import NNsightDeprecationWarning
+from nnsight.modeling.transformers import TransformersModel
+
+from .components.standard import blocks_support
+from .descriptor import DerivedEProperty, EProperty
+from .layouts import Logits, Probabilities
+from .registry import REGISTRY
+
+#: The spellings most transformers families share; a family's RENAME is merged over them.
+COMMON_RENAME: dict[Any, Any] = {
+    "model.layers": "layers",
+    "model.embed_tokens": "embed_tokens",
+    "model.norm": "ln_final",
+}
+
+
+def model_type(config: Any) -> str:
+    """The ``model_type`` a model's family is keyed on."""
+    return config.model_type
+
+
+def load_config(model: Any, kwargs: dict) -> Any:
+    """The config of ``model`` (a loaded model, a local directory or a hub id), read before any weights load."""
+    if isinstance(model, torch.nn.Module):
+        config = getattr(model, "config", None)
+        if config is None:
+            raise TypeError(f"{type(model).__name__} has no transformers config; pass a transformers PreTrainedModel")
+        return config
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be a hub id, a local directory or a loaded model, not {type(model).__name__}")
+    if "config" in kwargs:
+        return kwargs["config"]
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(os.fspath(model), trust_remote_code=kwargs.get("trust_remote_code", False))
+    except (OSError, ValueError) as error:
+        where = "a directory with no loadable config.json" if os.path.isdir(model) else "neither a local directory nor a reachable hub id"
+        raise ValueError(f"cannot load {os.fspath(model)!r}: it is {where} ({error})") from error
+
+
+class StandardizedTransformer(TransformersModel):
+    """A transformers language model whose values have the standard names, on every family.
+
+    Args:
+        model: A hub id, a local directory (as ``save_pretrained`` writes it),
+            or a loaded ``PreTrainedModel``.
+        tokenizer: A tokenizer to use instead of the one saved with the model.
+        **kwargs: Passed on to ``from_pretrained`` (``attn_implementation``,
+            ``dtype``, ``device_map``) and to nnsight (``dispatch``).
+
+    The family is resolved from the config's ``model_type`` through the plugin
+    registry before any weights load, and wraps the modules in its standard
+    envoys: ``layers[i]`` is a ``Layer`` with ``self_attn`` or ``linear_attn``
+    and ``mlp`` under it, whatever the checkpoint calls them.
+    ``layers[i].self_attn.attention_probabilities`` reads the same thing on a
+    Llama and a GPT-2.
+
+    Raises:
+        nnterp.registry.UnknownModelType: no installed plugin handles the
+            model's ``model_type`` (the message names the distribution that
+            does, when one is known).
+        ValueError: ``model`` is neither a local directory nor loadable.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any = None, **kwargs: Any) -> None:
+        config = load_config(model, kwargs)
+        if tokenizer is None and not isinstance(model, torch.nn.Module):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(os.fspath(model))
+        family = REGISTRY.family_for(model_type(config))
+        kwargs.setdefault("task", "text-generation")
+        kwargs.setdefault("rename", {**COMMON_RENAME, **family.RENAME})
+        kwargs.setdefault("envoys", dict(family.ENVOYS))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NNsightDeprecationWarning)
+            super().__init__(model, tokenizer=tokenizer, **kwargs)
+        object.__setattr__(self, "family", family)
+
+    family: ModuleType
+    """The family module of this model (``nnterp.families.llama``)."""
+
+    # -- standard values of the whole model --------------------------------------
+
+    @EProperty("lm_head.output")
+    def logits(self, value: Any) -> Logits:
+        """The language-model head's output, [batch, seq, vocab_size]. Assign or edit in place."""
+        return value
+
+    def _next_token_probs(self) -> Probabilities:
+        """The next token's distribution at the last position, [batch, vocab_size]; derived, read-only."""
+        return torch.softmax(self.logits[:, -1].float(), dim=-1)
+
+    next_token_probs = DerivedEProperty(_next_token_probs)
+
+    # -- sizes --------------------------------------------------------------------
+
+    @property
+    def text_config(self) -> Any:
+        """The config of the language model (a multimodal wrapper's ``text_config``)."""
+        config = self._module.config
+        return getattr(config, "text_config", None) or config
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the residual stream."""
+        return self.text_config.hidden_size
+
+    @property
+    def num_layers(self) -> int:
+        """Number of decoder blocks."""
+        return len(self.layers)
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the vocabulary the head predicts over."""
+        return self.text_config.vocab_size
+
+    @property
+    def num_heads(self) -> int | None:
+        """Attention heads per softmax-attention block, per the config (``None`` on a model without attention)."""
+        config = self.text_config
+        return getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+
+    @property
+    def num_kv_heads(self) -> int | None:
+        """Key/value heads per softmax-attention block, per the config."""
+        return getattr(self.text_config, "num_key_value_heads", None) or self.num_heads
+
+    @property
+    def head_dim(self) -> int | None:
+        """Width of one attention head, per the config."""
+        config = self.text_config
+        head_dim = getattr(config, "head_dim", None)
+        if head_dim is None and self.num_heads:
+            head_dim = self.hidden_size // self.num_heads
+        return head_dim
+
+    @property
+    def intermediate_size(self) -> int | None:
+        """Width of the feed-forward's hidden layer, per the config (``None`` on a model without one)."""
+        config = self.text_config
+        return getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
+
+    # -- what this model has ----------------------------------------------------
+
+    def support(self, layer: int | None = None) -> dict[str, Any]:
+        """Which standard values this model has.
+
+        Without ``layer``: every block value by dotted name
+        (``"layer_output"``, ``"self_attn.attention_probabilities"``) ->
+        ``None`` when every block has it, else ``{layer: reason}`` for the
+        blocks that do not. With ``layer``: that block's values -> reason or
+        ``None``. Nothing runs; the reasons are what a read would raise as
+        :class:`~nnterp.Unavailable`.
+        """
+        return blocks_support(list(self.layers), layer)
