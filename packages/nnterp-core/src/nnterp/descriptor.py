@@ -174,6 +174,13 @@ class EProperty(eproperty):
         reason = self.reason(obj)
         if reason is not None:
             raise Unavailable(f"{self.name} on {obj.path}: {reason}")
+        try:
+            Mediator.current(self.name)
+        except ValueError:
+            raise ValueError(
+                f"{self.name} on {obj.path} is a value of the running model: read or write it inside "
+                f"`with model.trace(...)` or `with model.generate(...)`"
+            ) from None
 
     def __get__(self, obj: Envoy | None, owner: Any = None) -> Any:
         if obj is None:

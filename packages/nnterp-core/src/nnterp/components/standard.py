@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from nnsight.intervention.envoy import Envoy
@@ -17,7 +17,27 @@ class Standard(Envoy):
     is listed in the repr with its layout, and ``support()`` says which this
     module has. A family subclasses the standard envoy of a module whose
     forward is spelled differently and overrides only the values that differ.
+
+    A value that is an operation inside this module's forward is served only
+    on a call whose forward was instrumented before the call began. Reading it
+    first, before the module runs, instruments it in time; reading it after
+    the worker has already entered the module (after a value of one of its
+    submodules) is too late for that call. A family whose values are read in
+    that order sets ``sourced = True``, and the forward is instrumented when
+    the envoy is built and again when real weights replace meta ones.
     """
+
+    sourced: ClassVar[bool] = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.sourced:
+            self.source
+
+    def _update(self, module: torch.nn.Module) -> None:
+        super()._update(module)
+        if self.sourced:
+            self.source
 
     @classmethod
     def values(cls) -> dict[str, EProperty]:

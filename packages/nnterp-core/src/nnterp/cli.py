@@ -1,0 +1,155 @@
+"""The ``nnterp`` command: installed plugins, a model's support table, and the conformance check.
+
+    nnterp plugins              every plugin, its distribution, families and model types, and any that failed
+    nnterp support [MODEL]      the support table of MODEL (hub id or directory), or of every family's tiny model
+    nnterp check [FAMILY ...]   the conformance suites on each family's tiny model; exits 1 on any failure
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+import unittest
+import warnings
+from types import ModuleType
+from typing import Any, Callable, TextIO
+
+from .registry import REGISTRY, PluginError, family_name
+
+BAR_WIDTH = 20
+
+
+def plugins(out: TextIO) -> int:
+    """Print every plugin with its distribution and version, its families and their model types."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        infos = REGISTRY.plugins()
+    for info in infos:
+        origin = f"{info.distribution} {info.version}" if info.distribution else "registered directly"
+        print(f"{info.name} ({origin})", file=out)
+        for family in info.families:
+            print(f"  {family_name(family)}: {', '.join(family.MODEL_TYPES)}", file=out)
+    for failure in REGISTRY.failures:
+        print(f"{failure.name} ({failure.distribution} {failure.version}) FAILED to load: {failure.error}", file=out)
+    if not infos and not REGISTRY.failures:
+        print("no nnterp plugins installed; pip install nnterp-attention (or another nnterp plugin)", file=out)
+    return 0
+
+
+def _support_lines(model: Any) -> list[str]:
+    lines = []
+    for name, reason in model.support().items():
+        if reason is None:
+            lines.append(f"  {name}: available")
+        else:
+            for layer, why in reason.items():
+                lines.append(f"  {name} [layer {layer}]: {why}")
+    return lines
+
+
+def support(out: TextIO, model_id: str | None) -> int:
+    """Print which standard values a model has: MODEL's, or every installed family's tiny model's."""
+    from .testing import tiny_standardized
+    from .transformer import StandardizedTransformer
+
+    if model_id is not None:
+        model = StandardizedTransformer(model_id)
+        print(f"{model_id} (family {family_name(model.family)})", file=out)
+        print("\n".join(_support_lines(model)), file=out)
+        return 0
+    for name, family in sorted(REGISTRY.families().items()):
+        print(f"{name} (tiny {family.MODEL_TYPES[0]})", file=out)
+        print("\n".join(_support_lines(tiny_standardized(family))), file=out)
+    return 0
+
+
+def suite_for(family: ModuleType, model: Any) -> type:
+    """The conformance suite class of a family: core's layer suite plus the suite of every standard envoy ``model`` has."""
+    from .testing import LayerSuite
+
+    envoy_types = {type(envoy) for envoy in model.modules()}
+    suites: list[type] = [LayerSuite]
+    for envoy_class, suite in REGISTRY.suites().items():
+        if suite not in suites and any(issubclass(kind, envoy_class) for kind in envoy_types):
+            suites.append(suite)
+    return type(f"Check_{family_name(family)}", tuple(suites), {"family": family_name(family), "model": model})
+
+
+def run_suite(suite: type, progress: Callable[[int, int], None]) -> tuple[int, int, list[tuple[str, str]]]:
+    """Run every ``test_*`` of a suite class on its model: (passed, skipped, [(test, error)])."""
+    tests = sorted(name for name in dir(suite) if name.startswith("test_"))
+    passed, skipped, failures = 0, 0, []
+    instance = suite()
+    for index, name in enumerate(tests):
+        try:
+            getattr(instance, name)()
+        except unittest.SkipTest:
+            skipped += 1
+        except Exception:
+            failures.append((name, traceback.format_exc(limit=-3)))
+        else:
+            passed += 1
+        progress(index + 1, len(tests))
+    return passed, skipped, failures
+
+
+def check(out: TextIO, names: list[str]) -> int:
+    """Run the conformance suites on each family's tiny model, a line per family; 1 on any failure."""
+    from transformers.utils import logging
+
+    from .testing import tiny_standardized
+
+    logging.disable_progress_bar()
+    families = [REGISTRY.family(name) for name in names] if names else [f for _, f in sorted(REGISTRY.families().items())]
+    width = max((len(family_name(f)) for f in families), default=0)
+    failed = False
+    for family in families:
+        label = family_name(family).ljust(width)
+
+        def progress(done: int, total: int) -> None:
+            if not out.isatty():
+                return
+            filled = BAR_WIDTH * done // total
+            out.write(f"\r{label} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}")
+            out.flush()
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                suite = suite_for(family, tiny_standardized(family))
+            except Exception:
+                passed, skipped, failures = 0, 0, [("building the tiny model", traceback.format_exc(limit=-3))]
+            else:
+                passed, skipped, failures = run_suite(suite, progress)
+        verdict = "ok" if not failures else "FAILED"
+        erase = "\r" + " " * (len(label) + BAR_WIDTH + 12) + "\r" if out.isatty() else ""
+        out.write(f"{erase}{label} {verdict}: {passed} passed, {len(failures)} failed, {skipped} skipped\n")
+        for test, error in failures:
+            out.write(f"  {test}:\n    " + error.strip().replace("\n", "\n    ") + "\n")
+        failed = failed or bool(failures)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nnterp", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("plugins", help="list installed plugins, their families and model types, and failures")
+    support_parser = commands.add_parser("support", help="which standard values a model has")
+    support_parser.add_argument("model", nargs="?", help="hub id or local directory (default: every family's tiny model)")
+    check_parser = commands.add_parser("check", help="run the conformance suites on each family's tiny model, offline")
+    check_parser.add_argument("families", nargs="*", help="family names (default: every installed family)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "plugins":
+            return plugins(sys.stdout)
+        if args.command == "support":
+            return support(sys.stdout, args.model)
+        return check(sys.stdout, args.families)
+    except (PluginError, ValueError) as error:
+        print(f"nnterp {args.command}: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

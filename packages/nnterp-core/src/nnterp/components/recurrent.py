@@ -1,0 +1,529 @@
+"""RecurrentMixer: what every recurrent mixer shares, whatever its values are.
+
+A recurrent mixer (a gated DeltaNet, a Mamba-1 or a Mamba-2 layer) runs its
+sequence through a kernel function its modeling module calls: a prompt's kernel
+(chunked, or a scan) and a decode step's kernel (one token over the cached
+state). Its values are the arguments and results of that call, so reaching them
+takes four things this module provides:
+
+- which kernel fires on this call of the mixer, decided by the forward's own
+  test, once per call (``RecurrentMixer.KERNEL``, :func:`per_call`);
+- kernels with Python source to read inside: transformers' pure-torch ones, not
+  an optimized package's (:func:`needs_torch_kernels`);
+- :func:`route_kernels`, which binds a family's kernel names to the pure-torch
+  functions process-wide, so a prompt runs through the token-by-token kernel;
+- the state after every token, one occurrence per token of an operation inside
+  that kernel, read and written by occurrence arithmetic (:func:`pinned`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import sys
+import warnings
+import weakref
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any, Callable, Iterator, NamedTuple
+
+import torch
+from nnsight.intervention.interleaver import Mediator
+from nnsight.intervention.source import STATE, decorator_chain
+
+from ..descriptor import DerivedEProperty, EProperty, Unavailable
+from ..layouts import Residual, State, States
+from .standard import Standard
+
+#: The modes :func:`route_kernels` accepts.
+ROUTE_MODES = ("torch", "default")
+
+#: Where :func:`route_kernels` keeps a modeling module's import-time kernels while it is routed.
+STASH = "_nnterp_kernels"
+
+#: Argument names a mixer's forward takes its cache under, across transformers versions.
+CACHE_ARGUMENTS = ("cache_params", "cache", "past_key_values")
+
+#: The worker-greenlet attribute holding per_call's records.
+RECORDS = "_nnterp_per_call"
+
+ROUTE_HINT = (
+    "the state after each token is materialized only by the token-by-token kernel; the chunked kernel a "
+    "prompt runs through carries it between chunks. Call nnterp.route_kernels(model.family, 'torch') before "
+    "tracing this layer (slower, like attn_implementation='eager')"
+)
+TRACED_BEFORE_ROUTING = (
+    "nnterp.route_kernels(model.family, 'torch') ran after this mixer was first traced: nnsight compiled its "
+    "forward with the kernels bound then, and it keeps calling the chunked one. Route before the first trace "
+    "that touches the mixer (load the model again to apply the routing to it)"
+)
+
+#: Mixer modules whose forward nnsight has instrumented: route_kernels warns that they keep their kernels.
+_INSTRUMENTED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+# -- once per call, and pinning -------------------------------------------------
+
+
+def per_call(envoy: Any, key: str, compute: Callable[[], Any]) -> Any:
+    """``compute()`` once per call of the envoy's module, under ``key``.
+
+    For something several values of one call depend on and the model serves
+    once: the kernel the forward branches to, the call's arguments, its
+    sequence length. The current call is the worker's pin when ``tracer.iter``
+    pins a non-zero step (a mixer's operations fire once per call, so
+    occurrence k is call k), else how many times the module's output has been
+    passed, which nnsight counts whether or not anything read it: inside call
+    c that is c, and between calls it names the one about to start.
+
+    The records live on the worker greenlet running the intervention code.
+    Every run of every invoke has its own worker, so two invokes never share a
+    record and none outlives its run.
+    """
+    mediator = Mediator.current(key)
+    call = mediator.iteration or mediator.occurrence(f"{envoy.path}.output")
+    records = mediator.worker.__dict__.setdefault(RECORDS, {})
+    record = records.get((envoy.path, key))
+    if record is not None and record[0] == call:
+        return record[1]
+    value = compute()
+    records[(envoy.path, key)] = (call, value)
+    return value
+
+
+@contextmanager
+def pinned(occurrence: int | None) -> Iterator[None]:
+    """Pin this worker's reads to ``occurrence`` of their location, as ``tracer.iter[n]`` does; ``None`` relaxes the pin.
+
+    A pinned non-zero read is served at that occurrence and relaxes the pin, so
+    one ``with`` holds one read. The pin the worker had is restored on exit.
+    """
+    mediator = Mediator.current("pinned")
+    previous = mediator.iteration
+    mediator.iteration = occurrence
+    try:
+        yield
+    finally:
+        mediator.iteration = previous
+
+
+# -- the kernels a mixer calls ---------------------------------------------------
+
+
+class Dispatch(NamedTuple):
+    """What transformers' hub dispatcher binds under a kernel's name."""
+
+    torch_function: Callable  #: the pure-torch kernel, with Python source
+    implementation: Callable  #: what the dispatcher calls: the pure-torch kernel, or an optimized one
+    package: str | None  #: the package the optimized kernel comes from ("fla", "mamba_ssm")
+
+
+@functools.lru_cache(maxsize=None)
+def _dispatch(function: Callable) -> Dispatch:
+    """Read the hub dispatcher's closure around ``function``; a plain function dispatches to itself.
+
+    transformers decorates each kernel with ``use_kernel_func_from_hub_with_fallback``,
+    which binds the module-level name to a wrapper closing over
+    ``torch_function`` (the pure-torch body) and ``implementation`` (what it
+    calls: an installed package's kernel, else ``torch_function``).
+    """
+    try:
+        nonlocals = inspect.getclosurevars(function).nonlocals
+    except TypeError:
+        return Dispatch(function, function, None)
+    if "torch_function" not in nonlocals:
+        return Dispatch(function, function, None)
+    pure = nonlocals["torch_function"]
+    return Dispatch(pure, nonlocals.get("implementation", pure), nonlocals.get("package"))
+
+
+def function_name(label: str) -> str:
+    """The module-level name an operation label calls: ``torch_chunk_gated_delta_rule_0`` -> ``torch_chunk_gated_delta_rule``."""
+    return re.sub(r"_\d+$", "", label)
+
+
+def modeling_module(module_class: type) -> ModuleType:
+    """The modeling module a mixer class is defined in, where its forward looks its kernels up."""
+    return sys.modules[module_class.__module__]
+
+
+def _bound(envoy: "RecurrentMixer", label: str) -> Callable | None:
+    """The function the mixer's forward calls under ``label``.
+
+    The live module-level binding, unless nnsight has instrumented this
+    module's forward: it compiles it over a copy of the modeling module's
+    globals, which keeps the bindings of that moment.
+    """
+    module = envoy._module
+    name = function_name(label)
+    state = module.__dict__.get(STATE)
+    if state is not None and state.sourced:
+        innermost, _ = decorator_chain(state.body)
+        return innermost.__globals__.get(name)
+    return getattr(modeling_module(type(module)), name, None)
+
+
+def _token_loop(envoy: "RecurrentMixer") -> Callable:
+    """The pure-torch kernel whose body binds ``STATE_OP`` once per token, where routing sends a prompt."""
+    cls = type(envoy)
+    loop_label = cls.CHUNK_KERNEL if cls.STEP_STATE_OP is not None else cls.RECURRENT_KERNEL
+    return _dispatch(_bound(envoy, loop_label)).torch_function
+
+
+def needs_torch_kernels(envoy: "RecurrentMixer") -> str | None:
+    """Why a recurrent mixer's kernel values are unavailable, or ``None``: the kernel has no Python source to read inside."""
+    for label in (type(envoy).CHUNK_KERNEL, type(envoy).RECURRENT_KERNEL):
+        bound = _bound(envoy, label)
+        if bound is None:
+            return f"{type(envoy._module).__name__}'s forward calls no {function_name(label)}"
+        dispatch = _dispatch(bound)
+        if dispatch.implementation is not dispatch.torch_function:
+            return (
+                f"read inside transformers' pure-torch {function_name(label)}, but this process dispatches it to "
+                f"an optimized kernel ({dispatch.package}) with no Python source; uninstall it, or call "
+                f"nnterp.route_kernels(model.family, 'torch'), to read these"
+            )
+    return None
+
+
+def needs_recurrent_routing(envoy: "RecurrentMixer") -> str | None:
+    """Why the state after each token is unavailable, or ``None``.
+
+    In this order: the mixer's kernels never bind the state once per token;
+    they have no Python source (:func:`needs_torch_kernels`); the prompt's
+    kernel name is not bound to the token loop (:func:`route_kernels`), which
+    also covers a mixer nnsight compiled before the routing.
+    """
+    cls = type(envoy)
+    if cls.STATE_OP is None:
+        return "this mixer's kernels do not materialize the state after each token"
+    reason = needs_torch_kernels(envoy)
+    if reason is not None:
+        return reason
+    loop = _token_loop(envoy)
+    if _bound(envoy, cls.CHUNK_KERNEL) is loop:
+        return None
+    live = getattr(modeling_module(type(envoy._module)), function_name(cls.CHUNK_KERNEL), None)
+    return TRACED_BEFORE_ROUTING if live is loop else ROUTE_HINT
+
+
+# -- routing ---------------------------------------------------------------------
+
+
+def _mixers(family: ModuleType) -> list[tuple[type, type]]:
+    """``(module class, RecurrentMixer subclass)`` for every recurrent mixer a family wraps."""
+    envoys = getattr(family, "ENVOYS", None)
+    if not isinstance(family, ModuleType) or not isinstance(envoys, dict):
+        raise ValueError(
+            f"route_kernels takes a family module (model.family, or nnterp.families.<name>) or the "
+            f"transformers modeling module of one, not {family!r}"
+        )
+    return [
+        (module_class, envoy_class)
+        for module_class, envoy_class in envoys.items()
+        if isinstance(module_class, type) and isinstance(envoy_class, type) and issubclass(envoy_class, RecurrentMixer)
+    ]
+
+
+def _family_of(target: ModuleType) -> ModuleType:
+    """The family a route_kernels argument names: a family module, or the modeling module one declares."""
+    if isinstance(target, ModuleType) and not hasattr(target, "ENVOYS"):
+        from ..registry import REGISTRY
+
+        for family in REGISTRY.families().values():
+            if getattr(family, "MODELING", None) is target:
+                return family
+    return target
+
+
+def _routes(family: ModuleType, mode: str) -> dict[tuple[ModuleType, str], Callable]:
+    """What each kernel name of a family's modeling modules is bound to under ``mode``."""
+    routes: dict[tuple[ModuleType, str], Callable] = {}
+    for module_class, mixer in _mixers(family):
+        modeling = modeling_module(module_class)
+        stash = getattr(modeling, STASH, {})
+        labels = (mixer.CHUNK_KERNEL, mixer.RECURRENT_KERNEL)
+        for label in labels:
+            name = function_name(label)
+            if not hasattr(modeling, name):
+                raise ValueError(f"{modeling.__name__} binds no {name}, the kernel {mixer.__name__} expects")
+        if mode == "default":
+            for label in labels:
+                name = function_name(label)
+                routes[(modeling, name)] = stash.get(name, getattr(modeling, name))
+            continue
+        originals = {label: stash.get(function_name(label), getattr(modeling, function_name(label))) for label in labels}
+        pure = {label: _dispatch(fn).torch_function for label, fn in originals.items()}
+        for label in labels:
+            own = pure[label]
+            if mixer.STATE_OP is not None and mixer.STEP_STATE_OP is None:
+                own = pure[mixer.RECURRENT_KERNEL]
+            routes[(modeling, function_name(label))] = own
+    return routes
+
+
+def route_kernels(family: ModuleType, mode: str) -> None:
+    """Bind a family's recurrent kernels, process-wide.
+
+    ``"torch"`` binds the prompt's and the decode step's kernel names in the
+    family's modeling module to transformers' pure-torch kernels: the slower
+    path, and the only one with Python source to read values inside. Where the
+    token-by-token kernel binds the state after every token (``STATE_OP``) and
+    the decode kernel is that loop (a gated DeltaNet), the prompt's name is
+    bound to it too, so a prompt runs token by token and ``state``,
+    ``states``, ``state_after`` and ``set_state_after`` reach every position;
+    a mixer whose prompt kernel is itself the loop (``STEP_STATE_OP``, Mamba-1)
+    keeps each name on its own function. ``"default"`` restores what the module
+    bound at import.
+
+    Like installing a kernel package it applies to every model of the family.
+    Call it before the first trace that touches a mixer: nnsight compiles a
+    mixer's forward over the bindings of that moment and the forward keeps
+    them; routing to ``"torch"`` afterwards warns, naming how many mixers keep
+    the chunked kernel (their ``states`` then say so too).
+
+    Args:
+        family: The family module (``model.family``,
+            ``nnterp.families.qwen3_5_text``) or its transformers modeling module.
+        mode: ``"torch"`` or ``"default"``.
+
+    Raises:
+        ValueError: an unknown mode, or something that is not a family with
+            recurrent mixers. Nothing is rebound then.
+    """
+    if mode not in ROUTE_MODES:
+        raise ValueError(f"route_kernels mode must be one of {', '.join(map(repr, ROUTE_MODES))}, not {mode!r}")
+    family = _family_of(family)
+    from ..registry import REGISTRY
+
+    router = REGISTRY.router(family) if isinstance(family, ModuleType) and hasattr(family, "MODEL_TYPES") else None
+    if router is not None:
+        router(family, mode)
+        return
+    mixers = _mixers(family)
+    if not mixers:
+        raise ValueError(
+            f"family {family.__name__} wraps no recurrent mixer, so it has no kernels to route; route a family "
+            f"with a LinearAttention, SelectiveScan or StateSpace mixer"
+        )
+    routes = _routes(family, mode)
+    for (modeling, name), function in routes.items():
+        stash = modeling.__dict__.setdefault(STASH, {})
+        stash.setdefault(name, getattr(modeling, name))
+        setattr(modeling, name, function)
+    if mode == "default":
+        for modeling in {modeling for modeling, _ in routes}:
+            delattr(modeling, STASH)
+    else:
+        _warn_if_compiled(mixers, routes)
+
+
+def _warn_if_compiled(mixers: list[tuple[type, type]], routes: dict[tuple[ModuleType, str], Callable]) -> None:
+    classes = tuple(module_class for module_class, _ in mixers)
+    stale = 0
+    for module in list(_INSTRUMENTED):
+        if not isinstance(module, classes):
+            continue
+        innermost, _ = decorator_chain(module.__dict__[STATE].body)
+        modeling = modeling_module(type(module))
+        if any(innermost.__globals__.get(name) is not fn for (where, name), fn in routes.items() if where is modeling):
+            stale += 1
+    if stale:
+        warnings.warn(
+            f"route_kernels: {stale} mixer module(s) of this family were already traced and keep the kernels they "
+            f"were compiled with; the routing applies to models loaded (or first traced) from now on",
+            stacklevel=3,
+        )
+
+
+# -- the mixer -------------------------------------------------------------------
+
+
+def kernel(attribute: str) -> Callable[["RecurrentMixer"], str]:
+    """The key function of a value read at the kernel call: ``source.<KERNEL(envoy)>.<attribute>``."""
+
+    def key(envoy: "RecurrentMixer") -> str:
+        return f"source.{type(envoy).KERNEL(envoy)}.{attribute}"
+
+    return key
+
+
+def _call_arguments(arguments: tuple[tuple, dict]) -> tuple[torch.Tensor, Any]:
+    """The hidden states and the cache a mixer was called with."""
+    args, kwargs = arguments
+    hidden = args[0] if args else kwargs["hidden_states"]
+    cache = next((kwargs[name] for name in CACHE_ARGUMENTS if name in kwargs), args[1] if len(args) > 1 else None)
+    return hidden, cache
+
+
+class RecurrentMixer(Standard):
+    """A sequence mixer with a recurrent state, read at the kernel call its forward makes.
+
+    A subclass names its kernels in class constants and declares its values at
+    ``kernel("inputs")`` / ``kernel("output")`` with
+    ``unavailable=needs_torch_kernels``:
+
+    - ``BRANCH``: the binding the forward makes before it picks a kernel,
+      ``True`` when the call continues a cached state; ``SEQ_OP``: the masking
+      of its input, once per call, with the call's length on axis 1. A
+      transformers version whose forward binds no such flag (5.23 on) tests the
+      cached state itself; then the decision reads the call's own arguments and
+      ``CACHED_STATE``, the binding of the cached state made when a cache is
+      passed.
+    - ``CHUNK_KERNEL``: the call a prompt runs through; ``RECURRENT_KERNEL``:
+      the call a decode step of ``generate`` runs through.
+    - ``STATE_OP``: inside the token-by-token kernel, the binding of the state
+      after each token's update, or ``None`` when the kernels never bind it.
+    - ``STEP_STATE_OP``: set when the decode kernel updates the state once
+      instead of looping (Mamba-1): the binding of the new state inside it.
+
+    ``KERNEL`` picks the call that fires on this call of the mixer, once per
+    call, so the same values work in a trace and on every step of
+    ``tracer.iter``. The state after every token exists only in the
+    token-by-token kernel: ``nnterp.route_kernels(model.family, "torch")``
+    routes a family's prompts through it, and then ``state``, ``states``,
+    ``state_after`` and ``set_state_after`` reach every position.
+    """
+
+    BRANCH: str = "use_precomputed_states_0"
+    SEQ_OP: str = "apply_mask_to_padding_states_0"
+    CACHED_STATE: str = "recurrent_state_0"
+    CHUNK_KERNEL: str
+    RECURRENT_KERNEL: str
+    STATE_OP: str | None = None
+    STEP_STATE_OP: str | None = None
+
+    @property
+    def source(self) -> Any:
+        """nnsight's ``.source``, recording that this mixer's forward is compiled (route_kernels warns about it)."""
+        source = super().source
+        _INSTRUMENTED.add(self._module)
+        return source
+
+    @staticmethod
+    def KERNEL(envoy: "RecurrentMixer") -> str:
+        """The label of the kernel call that fires on this call of the mixer, decided once per call.
+
+        The forward's own test: the token-by-token update for one token over a
+        cached state, the prompt's kernel for everything else (several tokens
+        over a cached state included). Bindings are read in the order the
+        forward makes them, by source line.
+        """
+        cls = type(envoy)
+
+        def choose() -> str:
+            source = envoy.source
+            lines = source.compiled.lines
+            if cls.BRANCH in lines:
+                served = {}
+                for name in sorted((cls.BRANCH, cls.SEQ_OP), key=lines.__getitem__):
+                    served[name] = getattr(source, name).output
+                continues = bool(served[cls.BRANCH])
+                seq = served[cls.SEQ_OP].shape[1]
+            else:
+                hidden, cache = _call_arguments(envoy.inputs)
+                seq = hidden.shape[1]
+                continues = cache is not None and seq == 1 and getattr(source, cls.CACHED_STATE).output is not None
+            return cls.RECURRENT_KERNEL if continues and seq == 1 else cls.CHUNK_KERNEL
+
+        return per_call(envoy, "kernel", choose)
+
+    # -- what the mixer adds -----------------------------------------------------
+
+    @EProperty("output")
+    def attention_output(self, value: Any) -> Residual:
+        """What the mixer adds to the residual stream, [batch, seq, hidden_size].
+
+        The module's own output. Assign or edit in place.
+        """
+        return value
+
+    # -- the state after every token ----------------------------------------------
+
+    def _state_op(self, kernel_label: str) -> str:
+        """The binding of the state after each token inside ``kernel_label``'s body."""
+        cls = type(self)
+        if kernel_label == cls.RECURRENT_KERNEL and cls.STEP_STATE_OP is not None:
+            return cls.STEP_STATE_OP
+        return cls.STATE_OP
+
+    def _seq(self, args: tuple, kwargs: dict) -> int:
+        """The kernel call's sequence length: its first argument's axis 1 (tokens-first tensors)."""
+        return args[0].shape[1]
+
+    def _token_op(self) -> tuple[Any, int, int]:
+        """(the state operation, the occurrence of it that is this call's first token, this call's length), once per call.
+
+        Occurrences are counted per location since the kernel was drilled this
+        run, so ``first`` is the operation's count at the moment the kernel's
+        arguments are read: the worker is parked at the call's start, and the
+        count is the number of tokens earlier calls put through it.
+        """
+
+        def locate() -> tuple[Any, int, int]:
+            label = type(self).KERNEL(self)
+            call = getattr(self.source, label)
+            args, kwargs = call.inputs
+            name = self._state_op(label)
+            first = Mediator.current(name).occurrence(f"{call.path}.source.{name}.output")
+            return getattr(call.source, name), first, self._seq(args, kwargs)
+
+        return per_call(self, "call", locate)
+
+    def _token_state_op(self) -> str:
+        """The key of ``state``: the state operation inside the kernel that fires, drilled into before the call runs."""
+        with pinned(None):
+            label = type(self).KERNEL(self)
+            getattr(self.source, label).source
+        return f"source.{label}.source.{self._state_op(label)}.output"
+
+    @EProperty(_token_state_op, unavailable=needs_recurrent_routing)
+    def state(self, value: Any) -> State:
+        """The state after a token of this call, one occurrence per token; needs route_kernels(family, 'torch').
+
+        A place inside the token-by-token kernel, so nnsight's own
+        ``tracer.iter`` walks it: ``for t in tracer.iter[:n]: mix.state`` is the
+        state after every token, and an assignment at ``tracer.iter[t]`` is the
+        state tokens ``t+1..`` continue from (token ``t``'s own output reads it
+        too). Outside ``tracer.iter`` it is the state after the call's first
+        token.
+        """
+        return value
+
+    def _states(self) -> States:
+        """The state after every token of this call, [batch, seq, heads, key_dim, value_dim]; needs route_kernels(family, 'torch')."""
+        op, first, seq = self._token_op()
+        steps = []
+        for t in range(seq):
+            with pinned(first + t):
+                steps.append(op.output)
+        return torch.stack(steps, dim=1)
+
+    states = DerivedEProperty(_states, unavailable=needs_recurrent_routing)
+
+    def _position(self, method: str, t: int) -> tuple[Any, int]:
+        reason = needs_recurrent_routing(self)
+        if reason is not None:
+            raise Unavailable(f"{method} on {self.path}: {reason}")
+        op, first, seq = self._token_op()
+        if not -seq <= t < seq:
+            raise IndexError(f"{method}({t}) on {self.path}: this call has {seq} token(s), so t is in [{-seq}, {seq})")
+        return op, first + t % seq
+
+    def state_after(self, t: int) -> State:
+        """The state after token ``t`` of this call (counted from the call's own first token, as on a decode step)."""
+        op, occurrence = self._position("state_after", t)
+        with pinned(occurrence):
+            return op.output
+
+    def set_state_after(self, t: int, value: torch.Tensor) -> None:
+        """Assign the state after token ``t``: the tokens after it continue from ``value``.
+
+        Reads follow the forward: in one trace, read positions before ``t``
+        before the write and positions after it afterwards (``states``, which
+        reads every position, only before it).
+        """
+        op, occurrence = self._position("set_state_after", t)
+        with pinned(occurrence):
+            op.output = value

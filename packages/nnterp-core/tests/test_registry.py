@@ -1,0 +1,116 @@
+import sys
+import types
+import warnings
+
+import pytest
+
+import nnterp
+from nnterp import StandardizedTransformer, UnknownFamily, UnknownModelType
+from nnterp.registry import PluginError, Registry
+
+
+class Plugin:
+    """A plugin object registered directly, as a test or a notebook does."""
+
+    def __init__(self, families=(), namespace=None):
+        self.families, self.names = list(families), dict(namespace or {})
+
+    @nnterp.hookimpl
+    def nnterp_families(self):
+        return self.families
+
+    @nnterp.hookimpl
+    def nnterp_namespace(self):
+        return self.names
+
+
+def family_module(name, model_types):
+    module = types.ModuleType(f"third_party.families.{name}")
+    module.MODEL_TYPES = model_types
+    module.ENVOYS, module.RENAME, module.TINY_CONFIG = {}, {}, {}
+    return module
+
+
+@pytest.fixture
+def registered():
+    names = []
+
+    def register(plugin, name):
+        names.append(nnterp.REGISTRY.register(plugin, name=name))
+
+    yield register
+    for name in names:
+        nnterp.REGISTRY.unregister(name)
+
+
+def test_family_resolves_by_name_and_model_type(core_plugin):
+    assert nnterp.families.olmo is core_plugin
+    assert nnterp.REGISTRY.family_for("olmo") is core_plugin
+    assert "olmo" in dir(nnterp.families)
+
+
+def test_unknown_family_names_the_installed_ones(core_plugin):
+    with pytest.raises(UnknownFamily, match="no installed nnterp plugin provides a family named 'nope'; installed families: .*olmo"):
+        nnterp.families.nope
+    assert not hasattr(nnterp.families, "nope")
+
+
+def test_unknown_model_type_names_it_the_plugins_and_the_distribution(core_plugin):
+    with pytest.raises(UnknownModelType) as raised:
+        nnterp.REGISTRY.family_for("mamba2")
+    message = str(raised.value)
+    assert "model_type 'mamba2'" in message
+    assert "core-tests (registered directly)" in message
+    assert "handled by nnterp-ssd: pip install nnterp-ssd" in message
+
+
+def test_loading_a_model_no_plugin_handles_fails_before_loading_it():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    unhandled = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model("bloom", vocab_size=64, hidden_size=16, n_layer=1, n_head=2)
+    )
+    with pytest.raises(UnknownModelType, match="model_type 'bloom'"):
+        StandardizedTransformer(unhandled)
+
+
+def test_two_plugins_claiming_one_model_type_is_an_error_naming_both(core_plugin, registered):
+    registered(Plugin([family_module("rival_olmo", ("olmo",))]), name="rival")
+    with pytest.raises(PluginError, match="model_type 'olmo' is claimed by two plugins: 'core-tests' .*'rival'"):
+        nnterp.REGISTRY.family_for("olmo")
+
+
+def test_plugin_namespace_names_resolve_on_nnterp(registered):
+    marker = object()
+    registered(Plugin(namespace={"route_something": marker}), name="namespaced")
+    assert nnterp.route_something is marker
+    with pytest.raises(AttributeError, match="names added by installed plugins: .*route_something"):
+        nnterp.no_such_name
+
+
+def test_a_plugin_that_fails_to_import_is_reported_and_the_others_work(tmp_path, monkeypatch):
+    (tmp_path / "broken_plugin.py").write_text("raise ImportError('needs a package that is not installed')\n")
+    (tmp_path / "working_plugin.py").write_text(
+        "import types, nnterp\n"
+        "family = types.ModuleType('working_plugin.families.solo')\n"
+        "family.MODEL_TYPES = ('solo',)\n"
+        "@nnterp.hookimpl\n"
+        "def nnterp_families():\n"
+        "    return [family]\n"
+    )
+    for name, module in (("broken", "broken_plugin"), ("working", "working_plugin")):
+        info = tmp_path / f"nnterp_{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nnterp-{name}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[nnterp]\n{name} = {module}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        registry.load()
+    failure = next(f for f in registry.failures if f.name == "broken")
+    assert failure.distribution == "nnterp-broken"
+    assert "ImportError: needs a package that is not installed" in failure.error
+    assert any("'broken' (distribution nnterp-broken) failed to import" in str(w.message) for w in caught)
+    assert registry.family_for("solo").MODEL_TYPES == ("solo",)
+    sys.modules.pop("working_plugin", None)
