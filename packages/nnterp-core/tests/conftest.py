@@ -32,7 +32,12 @@ olmo.ENVOYS = {
 }
 olmo.RENAME = {}
 olmo.TINY_CONFIG = dict(
-    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=2,
 )
 sys.modules[olmo.__name__] = olmo
 

@@ -4,8 +4,6 @@ import subprocess
 import sys
 import types
 
-import pytest
-
 import nnterp
 from nnterp import EProperty, Layer, cli
 from nnterp.layouts import Residual

@@ -61,7 +61,9 @@ def probed(core_plugin):
     from nnterp import StandardizedTransformer
     from nnterp.testing import local_tokenizer, tiny_model
 
-    return StandardizedTransformer(tiny_model("olmo"), tokenizer=local_tokenizer(), envoys={**core_plugin.ENVOYS, OlmoDecoderLayer: Probe})
+    return StandardizedTransformer(
+        tiny_model("olmo"), tokenizer=local_tokenizer(), envoys={**core_plugin.ENVOYS, OlmoDecoderLayer: Probe}
+    )
 
 
 def test_paths_reach_the_same_tensors_as_nnsight(probed):

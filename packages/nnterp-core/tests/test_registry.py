@@ -50,7 +50,9 @@ def test_family_resolves_by_name_and_model_type(core_plugin):
 
 
 def test_unknown_family_names_the_installed_ones(core_plugin):
-    with pytest.raises(UnknownFamily, match="no installed nnterp plugin provides a family named 'nope'; installed families: .*olmo"):
+    with pytest.raises(
+        UnknownFamily, match="no installed nnterp plugin provides a family named 'nope'; installed families: .*olmo"
+    ):
         nnterp.families.nope
     assert not hasattr(nnterp.families, "nope")
 

@@ -17,6 +17,14 @@ from typing import Any
 from . import families, layouts
 from .components.layer import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, Layer
 from .components.mlp import Mlp
+from .components.recurrent import (
+    RecurrentMixer,
+    needs_recurrent_routing,
+    needs_torch_kernels,
+    per_call,
+    pinned,
+    route_kernels,
+)
 from .components.standard import Standard, axis_size, blocks_support, first_tensor, rewrap
 from .descriptor import DerivedEProperty, EProperty, Unavailable, unavailable
 from .hookspecs import hookimpl, hookspec
@@ -36,6 +44,7 @@ __all__ = [
     "POST_NORM_MLP",
     "PluginError",
     "REGISTRY",
+    "RecurrentMixer",
     "Standard",
     "StandardizedTransformer",
     "Unavailable",
@@ -48,7 +57,12 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "layouts",
+    "needs_recurrent_routing",
+    "needs_torch_kernels",
+    "per_call",
+    "pinned",
     "rewrap",
+    "route_kernels",
     "unavailable",
 ]
 

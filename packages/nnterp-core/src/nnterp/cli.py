@@ -1,8 +1,8 @@
 """The ``nnterp`` command: installed plugins, a model's support table, and the conformance check.
 
-    nnterp plugins              every plugin, its distribution, families and model types, and any that failed
-    nnterp support [MODEL]      the support table of MODEL (hub id or directory), or of every family's tiny model
-    nnterp check [FAMILY ...]   the conformance suites on each family's tiny model; exits 1 on any failure
+nnterp plugins              every plugin, its distribution, families and model types, and any that failed
+nnterp support [MODEL]      the support table of MODEL (hub id or directory), or of every family's tiny model
+nnterp check [FAMILY ...]   the conformance suites on each family's tiny model; exits 1 on any failure
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import sys
 import traceback
 import unittest
 import warnings
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from .registry import REGISTRY, PluginError, family_name
 
@@ -94,6 +95,18 @@ def run_suite(suite: type, progress: Callable[[int, int], None]) -> tuple[int, i
     return passed, skipped, failures
 
 
+def progress_bar(out: TextIO, label: str) -> Callable[[int, int], None]:
+    """A bar redrawn in place after each test, on a terminal; nothing when the output is a file."""
+
+    def progress(done: int, total: int) -> None:
+        if out.isatty():
+            filled = BAR_WIDTH * done // total
+            out.write(f"\r{label} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}")
+            out.flush()
+
+    return progress
+
+
 def check(out: TextIO, names: list[str]) -> int:
     """Run the conformance suites on each family's tiny model, a line per family; 1 on any failure."""
     from transformers.utils import logging
@@ -101,19 +114,13 @@ def check(out: TextIO, names: list[str]) -> int:
     from .testing import tiny_standardized
 
     logging.disable_progress_bar()
-    families = [REGISTRY.family(name) for name in names] if names else [f for _, f in sorted(REGISTRY.families().items())]
+    families = (
+        [REGISTRY.family(name) for name in names] if names else [f for _, f in sorted(REGISTRY.families().items())]
+    )
     width = max((len(family_name(f)) for f in families), default=0)
     failed = False
     for family in families:
         label = family_name(family).ljust(width)
-
-        def progress(done: int, total: int) -> None:
-            if not out.isatty():
-                return
-            filled = BAR_WIDTH * done // total
-            out.write(f"\r{label} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}")
-            out.flush()
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
@@ -121,7 +128,7 @@ def check(out: TextIO, names: list[str]) -> int:
             except Exception:
                 passed, skipped, failures = 0, 0, [("building the tiny model", traceback.format_exc(limit=-3))]
             else:
-                passed, skipped, failures = run_suite(suite, progress)
+                passed, skipped, failures = run_suite(suite, progress_bar(out, label))
         verdict = "ok" if not failures else "FAILED"
         erase = "\r" + " " * (len(label) + BAR_WIDTH + 12) + "\r" if out.isatty() else ""
         out.write(f"{erase}{label} {verdict}: {passed} passed, {len(failures)} failed, {skipped} skipped\n")
@@ -136,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("plugins", help="list installed plugins, their families and model types, and failures")
     support_parser = commands.add_parser("support", help="which standard values a model has")
-    support_parser.add_argument("model", nargs="?", help="hub id or local directory (default: every family's tiny model)")
+    support_parser.add_argument(
+        "model", nargs="?", help="hub id or local directory (default: every family's tiny model)"
+    )
     check_parser = commands.add_parser("check", help="run the conformance suites on each family's tiny model, offline")
     check_parser.add_argument("families", nargs="*", help="family names (default: every installed family)")
     args = parser.parse_args(argv)

@@ -29,10 +29,11 @@ raises :class:`Unavailable` with it before the model runs.
 from __future__ import annotations
 
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from nnsight.intervention.eproperty import eproperty
 from nnsight.intervention.envoy import Envoy
+from nnsight.intervention.eproperty import eproperty
 from nnsight.intervention.interleaver import Mediator
 from nnsight.intervention.source import SourceNotAvailable
 from nnsight.intervention.util import first_input, replace_first_input
@@ -256,7 +257,9 @@ class DerivedEProperty(EProperty):
     ``AttributeError`` (write through whatever the host offers instead).
     """
 
-    def __init__(self, compute: Callable[[Envoy], Any], description: str | None = None, unavailable: Reason = None) -> None:
+    def __init__(
+        self, compute: Callable[[Envoy], Any], description: str | None = None, unavailable: Reason = None
+    ) -> None:
         super().__init__(key=None, description=description, unavailable=unavailable)
         self.compute = compute
         self._define = compute

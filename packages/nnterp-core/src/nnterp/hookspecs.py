@@ -8,8 +8,9 @@ on every plugin and its results are collected.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import pluggy
 

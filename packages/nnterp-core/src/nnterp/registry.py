@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import pluggy
 
@@ -26,7 +27,9 @@ KNOWN_DISTRIBUTIONS = {
         ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "olmo2", "phi3", "gpt2", "gpt_neox"),
         "nnterp-attention",
     ),
-    **dict.fromkeys(("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "olmo_hybrid", "kimi_linear"), "nnterp-deltanet"),
+    **dict.fromkeys(
+        ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "olmo_hybrid", "kimi_linear"), "nnterp-deltanet"
+    ),
     **dict.fromkeys(("mamba", "falcon_mamba", "jamba"), "nnterp-mamba"),
     **dict.fromkeys(("mamba2", "nemotron_h", "bamba", "falcon_h1", "zamba2", "granitemoehybrid"), "nnterp-ssd"),
 }
@@ -194,8 +197,7 @@ class Registry:
         if name not in families:
             raise UnknownFamily(
                 f"no installed nnterp plugin provides a family named {name!r}; installed families: "
-                f"{', '.join(sorted(families)) or '(none)'}"
-                + self._hint(name)
+                f"{', '.join(sorted(families)) or '(none)'}" + self._hint(name)
             )
         return families[name]
 

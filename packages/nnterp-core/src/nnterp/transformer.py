@@ -45,7 +45,11 @@ def load_config(model: Any, kwargs: dict) -> Any:
     try:
         return AutoConfig.from_pretrained(os.fspath(model), trust_remote_code=kwargs.get("trust_remote_code", False))
     except (OSError, ValueError) as error:
-        where = "a directory with no loadable config.json" if os.path.isdir(model) else "neither a local directory nor a reachable hub id"
+        where = (
+            "a directory with no loadable config.json"
+            if os.path.isdir(model)
+            else "neither a local directory nor a reachable hub id"
+        )
         raise ValueError(f"cannot load {os.fspath(model)!r}: it is {where} ({error})") from error
 
 

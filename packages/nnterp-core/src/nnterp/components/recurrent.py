@@ -24,9 +24,10 @@ import re
 import sys
 import warnings
 import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from nnsight.intervention.interleaver import Mediator
@@ -119,7 +120,7 @@ class Dispatch(NamedTuple):
     package: str | None  #: the package the optimized kernel comes from ("fla", "mamba_ssm")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dispatch(function: Callable) -> Dispatch:
     """Read the hub dispatcher's closure around ``function``; a plain function dispatches to itself.
 
@@ -253,7 +254,9 @@ def _routes(family: ModuleType, mode: str) -> dict[tuple[ModuleType, str], Calla
                 name = function_name(label)
                 routes[(modeling, name)] = stash.get(name, getattr(modeling, name))
             continue
-        originals = {label: stash.get(function_name(label), getattr(modeling, function_name(label))) for label in labels}
+        originals = {
+            label: stash.get(function_name(label), getattr(modeling, function_name(label))) for label in labels
+        }
         pure = {label: _dispatch(fn).torch_function for label, fn in originals.items()}
         for label in labels:
             own = pure[label]

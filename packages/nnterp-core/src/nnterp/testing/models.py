@@ -49,7 +49,9 @@ def save_tiny(family: str | ModuleType, directory: str | os.PathLike, **kwargs: 
     return os.fspath(directory)
 
 
-def tiny_standardized(family: str | ModuleType, attn_implementation: str = "eager", **kwargs: Any) -> StandardizedTransformer:
+def tiny_standardized(
+    family: str | ModuleType, attn_implementation: str = "eager", **kwargs: Any
+) -> StandardizedTransformer:
     """A tiny model of the family under the standard names, with the local tokenizer."""
     model = tiny_model(family, attn_implementation=attn_implementation, **kwargs)
     vocab_size = model.config.get_text_config().vocab_size

@@ -114,7 +114,11 @@ class LayerSuite(Suite):
             model.layers[0].layer_output = written
             received = model.layers[1].layer_input.save()
             edited = model.logits.save()
-        close(received, torch.full_like(received, 0.5), what="layers[1].layer_input after assigning layers[0].layer_output")
+        close(
+            received,
+            torch.full_like(received, 0.5),
+            what="layers[1].layer_input after assigning layers[0].layer_output",
+        )
         assert not torch.allclose(clean, edited), "assigning layers[0].layer_output left the logits unchanged"
 
     def test_in_place_edit_of_layer_output_reaches_next_layer(self) -> None:
@@ -193,7 +197,12 @@ class AttentionSuite(Suite):
         for layer in self.attention_blocks():
             attention = self.model.layers[layer].self_attn
             queries, keys, values, pattern, heads = self.read(
-                layer, "attention_queries", "attention_keys", "attention_values", "attention_probabilities", "attention_head_outputs"
+                layer,
+                "attention_queries",
+                "attention_keys",
+                "attention_values",
+                "attention_probabilities",
+                "attention_head_outputs",
             )
             assert tuple(queries.shape) == (1, attention.num_heads, seq, attention.qk_head_dim)
             assert tuple(keys.shape) == (1, attention.num_kv_heads, seq, attention.qk_head_dim)
@@ -211,7 +220,9 @@ class AttentionSuite(Suite):
 
     def test_head_outputs_mix_values_with_pattern(self) -> None:
         for layer in self.attention_blocks():
-            values, pattern, heads = self.read(layer, "attention_values", "attention_probabilities", "attention_head_outputs")
+            values, pattern, heads = self.read(
+                layer, "attention_values", "attention_probabilities", "attention_head_outputs"
+            )
             repeated = values.repeat_interleave(pattern.shape[1] // values.shape[1], dim=1)
             expected = (pattern @ repeated).transpose(1, 2)
             close(heads, expected, what=f"layers[{layer}] head outputs vs pattern @ values")
