@@ -116,3 +116,18 @@ def test_a_plugin_that_fails_to_import_is_reported_and_the_others_work(tmp_path,
     assert any("'broken' (distribution nnterp-broken) failed to import" in str(w.message) for w in caught)
     assert registry.family_for("solo").MODEL_TYPES == ("solo",)
     sys.modules.pop("working_plugin", None)
+
+
+def test_a_plugin_whose_hook_raises_is_reported_and_skipped(core_plugin, registered):
+    class Raising:
+        @nnterp.hookimpl
+        def nnterp_families(self):
+            raise ImportError("No module named 'nnterp_half_written'")
+
+    registered(Raising(), name="raising")
+    with pytest.warns(UserWarning, match="'raising' .* failed in its nnterp_families hook and is skipped"):
+        assert nnterp.REGISTRY.family_for("olmo") is core_plugin
+    assert "raising" not in [info.name for info in nnterp.REGISTRY.plugins()]
+    assert any(
+        failure.name == "raising" and "nnterp_half_written" in failure.error for failure in nnterp.REGISTRY.failures
+    )

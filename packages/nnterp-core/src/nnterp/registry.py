@@ -35,6 +35,15 @@ KNOWN_DISTRIBUTIONS = {
 }
 
 
+#: Each hook, and what a plugin that does not implement it provides.
+HOOKS: dict[str, Callable[[], Any]] = {
+    "nnterp_families": list,
+    "nnterp_namespace": dict,
+    "nnterp_kernel_routers": dict,
+    "nnterp_suites": dict,
+}
+
+
 class PluginError(RuntimeError):
     """A plugin conflict, or a lookup no installed plugin answers."""
 
@@ -91,18 +100,12 @@ class Registry:
             version = entry_point.dist.version if entry_point.dist else None
             if self.manager.has_plugin(entry_point.name):
                 continue
+            self._sources[entry_point.name] = (distribution, version)
             try:
                 module = entry_point.load()
             except Exception as error:
-                failure = PluginFailure(entry_point.name, distribution, version, f"{type(error).__name__}: {error}")
-                self.failures.append(failure)
-                warnings.warn(
-                    f"nnterp plugin {failure.name!r} (distribution {distribution}) failed to import and is "
-                    f"skipped: {failure.error}",
-                    stacklevel=2,
-                )
+                self._fail(entry_point.name, error, "to import")
                 continue
-            self._sources[entry_point.name] = (distribution, version)
             self.manager.register(module, name=entry_point.name)
         self._index = None
 
@@ -117,62 +120,78 @@ class Registry:
         """Remove a plugin registered under ``name``."""
         self.manager.unregister(name=name)
         self._sources.pop(name, None)
+        self.failures = [failure for failure in self.failures if failure.name != name]
         self._index = None
 
     def plugins(self) -> list[PluginInfo]:
-        """Every registered plugin with its distribution, version and families."""
-        self.load()
-        infos = []
-        for name, module in self.manager.list_name_plugin():
-            distribution, version = self._sources.get(name, (None, None))
-            families = [family for family in self._families_of(module)]
-            infos.append(PluginInfo(name, distribution, version, module, families))
-        return infos
+        """Every working plugin with its distribution, version and families."""
+        return list(self.index["plugins"])
 
     # -- what plugins provide ------------------------------------------------
 
-    def _families_of(self, plugin: Any) -> list[ModuleType]:
-        hook = getattr(plugin, "nnterp_families", None)
-        return list(hook()) if hook is not None else []
+    def _fail(self, name: str, error: BaseException, when: str) -> None:
+        distribution, version = self._sources.get(name, (None, None))
+        failure = PluginFailure(name, distribution, version, f"{type(error).__name__}: {error}")
+        if failure in self.failures:
+            return
+        self.failures.append(failure)
+        warnings.warn(
+            f"nnterp plugin {name!r} (distribution {distribution}) failed {when} and is skipped: {failure.error}",
+            stacklevel=3,
+        )
+
+    def _provided(self, name: str, plugin: Any) -> dict[str, Any] | None:
+        """What one plugin's hooks return, or ``None`` (recorded as a failure) when one of them raises."""
+        provided: dict[str, Any] = {}
+        for hook in HOOKS:
+            implementation = getattr(plugin, hook, None)
+            try:
+                provided[hook] = (implementation() if implementation else None) or HOOKS[hook]()
+            except Exception as error:
+                self._fail(name, error, f"in its {hook} hook")
+                return None
+        return provided
 
     def _build_index(self) -> dict[str, Any]:
         self.load()
+        infos: list[PluginInfo] = []
         families: dict[str, ModuleType] = {}
         owners: dict[str, str] = {}
         by_model_type: dict[str, ModuleType] = {}
-        for info in self.plugins():
-            for family in info.families:
+        namespace: dict[str, tuple[str, Any]] = {}
+        routers: dict[str, Callable] = {}
+        suites: dict[type, type] = {}
+        for plugin_name, plugin in self.manager.list_name_plugin():
+            provided = self._provided(plugin_name, plugin)
+            if provided is None:
+                continue
+            distribution, version = self._sources.get(plugin_name, (None, None))
+            infos.append(PluginInfo(plugin_name, distribution, version, plugin, list(provided["nnterp_families"])))
+            for family in provided["nnterp_families"]:
                 name = family_name(family)
                 if name in families and families[name] is not family:
                     raise PluginError(
-                        f"plugins {owners[name]!r} and {info.name!r} both provide a family named {name!r}; "
+                        f"plugins {owners[name]!r} and {plugin_name!r} both provide a family named {name!r}; "
                         f"uninstall one of them"
                     )
                 families[name] = family
-                owners[name] = info.name
+                owners[name] = plugin_name
                 for model_type in family.MODEL_TYPES:
                     if model_type in by_model_type and by_model_type[model_type] is not family:
-                        other = by_model_type[model_type]
+                        other = family_name(by_model_type[model_type])
                         raise PluginError(
-                            f"model_type {model_type!r} is claimed by two plugins: {owners[family_name(other)]!r} "
-                            f"(family {family_name(other)}) and {info.name!r} (family {name}); uninstall one of them"
+                            f"model_type {model_type!r} is claimed by two plugins: {owners[other]!r} "
+                            f"(family {other}) and {plugin_name!r} (family {name}); uninstall one of them"
                         )
                     by_model_type[model_type] = family
-        namespace: dict[str, Any] = {}
-        for name, plugin in self.manager.list_name_plugin():
-            hook = getattr(plugin, "nnterp_namespace", None)
-            for key, value in (hook() if hook else {}).items():
+            for key, value in provided["nnterp_namespace"].items():
                 if key in namespace and namespace[key][1] is not value:
-                    raise PluginError(f"plugins {namespace[key][0]!r} and {name!r} both add nnterp.{key}")
-                namespace[key] = (name, value)
-        routers: dict[str, Callable] = {}
-        suites: dict[type, type] = {}
-        for plugin in self.manager.get_plugins():
-            if hasattr(plugin, "nnterp_kernel_routers"):
-                routers.update(plugin.nnterp_kernel_routers())
-            if hasattr(plugin, "nnterp_suites"):
-                suites.update(plugin.nnterp_suites())
+                    raise PluginError(f"plugins {namespace[key][0]!r} and {plugin_name!r} both add nnterp.{key}")
+                namespace[key] = (plugin_name, value)
+            routers.update(provided["nnterp_kernel_routers"])
+            suites.update(provided["nnterp_suites"])
         return {
+            "plugins": infos,
             "families": families,
             "owners": owners,
             "model_types": by_model_type,

@@ -1,0 +1,39 @@
+"""Every Python example in README.md runs as written and prints what its comments say."""
+
+import contextlib
+import io
+import pathlib
+import re
+import runpy
+
+README = pathlib.Path(__file__).parents[1] / "README.md"
+
+
+def examples():
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def expected_prints(code):
+    """What each print's comment promises: on the print's own line, or on a comment line right after it."""
+    expected, lines = [], code.splitlines()
+    for index, line in enumerate(lines):
+        if not line.startswith("print("):
+            continue
+        comment = line.partition("#")[2].strip()
+        if not comment and index + 1 < len(lines) and lines[index + 1].startswith("#"):
+            comment = lines[index + 1][1:].strip()
+        expected.append(comment.split(":")[0] if comment.startswith("None:") else comment)
+    return expected
+
+
+def test_readme_examples_print_what_they_say(tmp_path, monkeypatch):
+    # One script of every example, in order, as a user would paste them: nnsight reads a
+    # trace's body back from its source file, so the code has to live in a real file.
+    monkeypatch.chdir(tmp_path)
+    code = "\n".join(examples())
+    script = tmp_path / "readme_examples.py"
+    script.write_text(code)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(str(script), run_name="readme_examples")
+    assert out.getvalue().splitlines() == expected_prints(code)
