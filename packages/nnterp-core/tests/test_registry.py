@@ -6,7 +6,7 @@ import pytest
 
 import nnterp
 from nnterp import StandardizedTransformer, UnknownFamily, UnknownModelType
-from nnterp.registry import PluginError, Registry
+from nnterp.registry import KNOWN_DISTRIBUTIONS, PluginError, Registry
 
 
 class Plugin:
@@ -57,13 +57,14 @@ def test_unknown_family_names_the_installed_ones(core_plugin):
     assert not hasattr(nnterp.families, "nope")
 
 
-def test_unknown_model_type_names_it_the_plugins_and_the_distribution(core_plugin):
+def test_unknown_model_type_names_it_the_plugins_and_the_distribution(core_plugin, monkeypatch):
+    monkeypatch.setitem(KNOWN_DISTRIBUTIONS, "bloom", "nnterp-bloom")
     with pytest.raises(UnknownModelType) as raised:
-        nnterp.REGISTRY.family_for("mamba2")
+        nnterp.REGISTRY.family_for("bloom")
     message = str(raised.value)
-    assert "model_type 'mamba2'" in message
+    assert "model_type 'bloom'" in message
     assert "core-tests (registered directly)" in message
-    assert "handled by nnterp-ssd: pip install nnterp-ssd" in message
+    assert "handled by nnterp-bloom: pip install nnterp-bloom" in message
 
 
 def test_loading_a_model_no_plugin_handles_fails_before_loading_it():

@@ -13,8 +13,13 @@ NOT_EAGER = (
 )
 
 
-def off_interface(envoy: "Attention") -> str | None:
-    """Why the eager attention interface does not run on this module, or ``None``."""
+def interface_reason(envoy: Attention) -> str | None:
+    """Why a value read inside the eager attention function is unavailable on ``envoy``, or ``None``.
+
+    The values' ``unavailable=``: it calls the envoy's ``off_interface`` at each
+    check, so a family's override decides. Naming the method in the class body
+    instead would bind the base class's and ignore every override.
+    """
     return envoy.off_interface()
 
 
@@ -24,6 +29,10 @@ def _interface(attribute: str):
 
 def _inside_interface(operation: str, attribute: str):
     return lambda envoy: f"source.{envoy.INTERFACE}.source.{getattr(envoy, operation)}.{attribute}"
+
+
+#: What the output projection is called, on the families that spell it each way.
+OUTPUT_PROJECTIONS = ("o_proj", "dense", "c_proj", "out_proj")
 
 
 class Attention(Standard):
@@ -67,8 +76,13 @@ class Attention(Standard):
             value = getattr(module, name, None)
             if isinstance(value, int):
                 return value
-        config = module.config
-        return config.num_attention_heads
+        projection = next((getattr(module, name) for name in OUTPUT_PROJECTIONS if hasattr(module, name)), None)
+        head_dim = self._own_head_dim()
+        if projection is None or head_dim is None:
+            return module.config.num_attention_heads
+        # A Linear is [out, in] and says so; GPT-2's Conv1D weight is [in, out].
+        width = getattr(projection, "in_features", None) or projection.weight.shape[0]
+        return width // head_dim
 
     @property
     def num_kv_heads(self) -> int:
@@ -83,13 +97,19 @@ class Attention(Standard):
 
     @property
     def head_dim(self) -> int:
-        """Width of one head's values and outputs."""
-        module = self._module
+        """Width of one head's values and outputs: the module's own, else hidden_size over ``num_heads``.
+
+        The module's own is its ``v_head_dim`` (latent attention), ``head_dim`` or ``head_size``.
+        """
+        head_dim = self._own_head_dim()
+        return head_dim if head_dim is not None else self._module.config.hidden_size // self.num_heads
+
+    def _own_head_dim(self) -> int | None:
         for name in ("v_head_dim", "head_dim", "head_size"):
-            value = getattr(module, name, None)
+            value = getattr(self._module, name, None)
             if isinstance(value, int):
                 return value
-        return module.config.hidden_size // self.num_heads
+        return None
 
     @property
     def qk_head_dim(self) -> int:
@@ -107,33 +127,38 @@ class Attention(Standard):
         """
         return value
 
-    @EProperty(_interface("inputs"), select=1, unavailable=off_interface)
+    @EProperty(_interface("inputs"), select=1, unavailable=interface_reason)
     def attention_queries(self, value: Any) -> Queries:
         """The queries the attention interface receives, [batch, num_heads, seq, qk_head_dim].
 
         After the query projection and, on a family with rotary embeddings,
-        after they are applied. Assign to replace them, or edit in place.
+        after they are applied. Assign to replace them. In-place edits reach
+        the model where torch allows them: it refuses them on a view of a
+        fused projection's ``split`` or ``chunk`` (GPT-2's queries; see the
+        family), so assign there.
         """
         return value
 
-    @EProperty(_interface("inputs"), select=2, unavailable=off_interface)
+    @EProperty(_interface("inputs"), select=2, unavailable=interface_reason)
     def attention_keys(self, value: Any) -> Keys:
         """The keys the attention interface receives, [batch, num_kv_heads, seq, qk_head_dim].
 
         Before they are repeated for grouped-query attention, so the head axis
-        is ``num_kv_heads`` wide. Assign or edit in place.
+        is ``num_kv_heads`` wide. Assign, or edit in place where torch allows
+        it (see ``attention_queries``).
         """
         return value
 
-    @EProperty(_interface("inputs"), select=3, unavailable=off_interface)
+    @EProperty(_interface("inputs"), select=3, unavailable=interface_reason)
     def attention_values(self, value: Any) -> Values:
         """The values the attention interface receives, [batch, num_kv_heads, seq, head_dim].
 
-        Before they are repeated, like the keys. Assign or edit in place.
+        Before they are repeated, like the keys. Assign, or edit in place
+        where torch allows it (see ``attention_queries``).
         """
         return value
 
-    @EProperty(_inside_interface("SOFTMAX", "input"), unavailable=off_interface)
+    @EProperty(_inside_interface("SOFTMAX", "input"), unavailable=interface_reason)
     def attention_scores(self, value: Any) -> Pattern:
         """The scaled, masked scores entering the softmax, [batch, num_heads, query, key].
 
@@ -142,7 +167,7 @@ class Attention(Standard):
         """
         return value
 
-    @EProperty(_inside_interface("DROPOUT", "output"), unavailable=off_interface)
+    @EProperty(_inside_interface("DROPOUT", "output"), unavailable=interface_reason)
     def attention_probabilities(self, value: Any) -> Pattern:
         """The attention pattern, [batch, num_heads, query, key].
 
@@ -156,7 +181,7 @@ class Attention(Standard):
         """
         return value
 
-    @EProperty(_interface("output"), select=0, unavailable=off_interface)
+    @EProperty(_interface("output"), select=0, unavailable=interface_reason)
     def attention_head_outputs(self, value: Any) -> HeadOutputs:
         """Each head's output before the heads are concatenated and projected, [batch, seq, num_heads, head_dim].
 

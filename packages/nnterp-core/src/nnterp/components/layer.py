@@ -18,8 +18,10 @@ class Layer(Standard):
 
     Its children carry the rest under standard names, where the block has
     them: ``self_attn`` (softmax attention), ``linear_attn`` (a recurrent
-    mixer), ``mlp`` (the feed-forward), ``input_layernorm`` and
-    ``post_attention_layernorm`` (the norms in front of the two sublayers).
+    mixer), ``mlp`` (the feed-forward), and on a pre-norm block
+    ``input_layernorm`` and ``post_attention_layernorm``, the norms in front
+    of the two sublayers (a family whose norms sit elsewhere says what its
+    names mean).
 
     The values are defined on the pre-norm block,
     ``x + attn(norm1(x))`` then ``+ mlp(norm2(.))``, and keyed on the aliased

@@ -183,7 +183,10 @@ class AttentionSuite(Suite):
     def attention_blocks(self) -> list[int]:
         support = self.model.support()
         missing = support.get("self_attn.attention_probabilities") or {}
-        return [i for i in blocks_with(self.model, "self_attn") if i not in missing]
+        blocks = [i for i in blocks_with(self.model, "self_attn") if i not in missing]
+        if not blocks:
+            raise unittest.SkipTest(f"no block serves the attention interior: {missing or 'no self_attn module'}")
+        return blocks
 
     def read(self, layer: int, *names: str) -> list[torch.Tensor]:
         attention = self.model.layers[layer].self_attn

@@ -1,0 +1,5 @@
+from nnterp.testing import AttentionSuite, LayerSuite
+
+
+class TestGemma2(LayerSuite, AttentionSuite):
+    family = "gemma2"

@@ -1,0 +1,5 @@
+from nnterp.testing import AttentionSuite, LayerSuite
+
+
+class TestMistral(LayerSuite, AttentionSuite):
+    family = "mistral"

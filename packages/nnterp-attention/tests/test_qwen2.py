@@ -1,0 +1,5 @@
+from nnterp.testing import AttentionSuite, LayerSuite
+
+
+class TestQwen2(LayerSuite, AttentionSuite):
+    family = "qwen2"
