@@ -28,7 +28,8 @@ KNOWN_DISTRIBUTIONS = {
         "nnterp-attention",
     ),
     **dict.fromkeys(
-        ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "olmo_hybrid", "kimi_linear"), "nnterp-deltanet"
+        ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "olmo_hybrid", "kimi_linear"),
+        "nnterp-deltanet",
     ),
     **dict.fromkeys(("mamba", "falcon_mamba", "jamba"), "nnterp-mamba"),
     **dict.fromkeys(("mamba2", "nemotron_h", "bamba", "falcon_h1", "zamba2", "granitemoehybrid"), "nnterp-ssd"),

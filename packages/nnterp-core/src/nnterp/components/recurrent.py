@@ -35,6 +35,7 @@ from nnsight.intervention.source import STATE, decorator_chain
 
 from ..descriptor import DerivedEProperty, EProperty, Unavailable
 from ..layouts import Residual, State, States
+from ..registry import REGISTRY
 from .standard import Standard
 
 #: The modes :func:`route_kernels` accepts.
@@ -62,6 +63,9 @@ TRACED_BEFORE_ROUTING = (
 
 #: Mixer modules whose forward nnsight has instrumented: route_kernels warns that they keep their kernels.
 _INSTRUMENTED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+#: An instrumented forward -> the globals it was compiled over (finding them parses its decorators' source).
+_COMPILED_GLOBALS: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
 
 
 # -- once per call, and pinning -------------------------------------------------
@@ -121,7 +125,7 @@ class Dispatch(NamedTuple):
 
 
 @functools.cache
-def _dispatch(function: Callable) -> Dispatch:
+def dispatch(function: Callable) -> Dispatch:
     """Read the hub dispatcher's closure around ``function``; a plain function dispatches to itself.
 
     transformers decorates each kernel with ``use_kernel_func_from_hub_with_fallback``,
@@ -149,7 +153,7 @@ def modeling_module(module_class: type) -> ModuleType:
     return sys.modules[module_class.__module__]
 
 
-def _bound(envoy: "RecurrentMixer", label: str) -> Callable | None:
+def bound_kernel(envoy: "RecurrentMixer", label: str) -> Callable | None:
     """The function the mixer's forward calls under ``label``.
 
     The live module-level binding, unless nnsight has instrumented this
@@ -160,29 +164,36 @@ def _bound(envoy: "RecurrentMixer", label: str) -> Callable | None:
     name = function_name(label)
     state = module.__dict__.get(STATE)
     if state is not None and state.sourced:
-        innermost, _ = decorator_chain(state.body)
-        return innermost.__globals__.get(name)
+        return _compiled_globals(state.body).get(name)
     return getattr(modeling_module(type(module)), name, None)
+
+
+def _compiled_globals(body: Callable) -> dict:
+    """The globals nnsight compiled an instrumented forward over: its innermost function's, under the decorators."""
+    if body not in _COMPILED_GLOBALS:
+        innermost, _ = decorator_chain(body)
+        _COMPILED_GLOBALS[body] = innermost.__globals__
+    return _COMPILED_GLOBALS[body]
 
 
 def _token_loop(envoy: "RecurrentMixer") -> Callable:
     """The pure-torch kernel whose body binds ``STATE_OP`` once per token, where routing sends a prompt."""
     cls = type(envoy)
     loop_label = cls.CHUNK_KERNEL if cls.STEP_STATE_OP is not None else cls.RECURRENT_KERNEL
-    return _dispatch(_bound(envoy, loop_label)).torch_function
+    return dispatch(bound_kernel(envoy, loop_label)).torch_function
 
 
 def needs_torch_kernels(envoy: "RecurrentMixer") -> str | None:
     """Why a recurrent mixer's kernel values are unavailable, or ``None``: the kernel has no Python source to read inside."""
     for label in (type(envoy).CHUNK_KERNEL, type(envoy).RECURRENT_KERNEL):
-        bound = _bound(envoy, label)
+        bound = bound_kernel(envoy, label)
         if bound is None:
             return f"{type(envoy._module).__name__}'s forward calls no {function_name(label)}"
-        dispatch = _dispatch(bound)
-        if dispatch.implementation is not dispatch.torch_function:
+        dispatched = dispatch(bound)
+        if dispatched.implementation is not dispatched.torch_function:
             return (
                 f"read inside transformers' pure-torch {function_name(label)}, but this process dispatches it to "
-                f"an optimized kernel ({dispatch.package}) with no Python source; uninstall it, or call "
+                f"an optimized kernel ({dispatched.package}) with no Python source; uninstall it, or call "
                 f"nnterp.route_kernels(model.family, 'torch'), to read these"
             )
     return None
@@ -203,10 +214,10 @@ def needs_recurrent_routing(envoy: "RecurrentMixer") -> str | None:
     if reason is not None:
         return reason
     loop = _token_loop(envoy)
-    if _bound(envoy, cls.CHUNK_KERNEL) is loop:
+    if bound_kernel(envoy, cls.CHUNK_KERNEL) is loop:
         return None
     live = getattr(modeling_module(type(envoy._module)), function_name(cls.CHUNK_KERNEL), None)
-    return TRACED_BEFORE_ROUTING if live is loop else ROUTE_HINT
+    return TRACED_BEFORE_ROUTING if live is loop else cls.ROUTE_HINT
 
 
 # -- routing ---------------------------------------------------------------------
@@ -230,8 +241,6 @@ def _mixers(family: ModuleType) -> list[tuple[type, type]]:
 def _family_of(target: ModuleType) -> ModuleType:
     """The family a route_kernels argument names: a family module, or the modeling module one declares."""
     if isinstance(target, ModuleType) and not hasattr(target, "ENVOYS"):
-        from ..registry import REGISTRY
-
         for family in REGISTRY.families().values():
             if getattr(family, "MODELING", None) is target:
                 return family
@@ -257,7 +266,7 @@ def _routes(family: ModuleType, mode: str) -> dict[tuple[ModuleType, str], Calla
         originals = {
             label: stash.get(function_name(label), getattr(modeling, function_name(label))) for label in labels
         }
-        pure = {label: _dispatch(fn).torch_function for label, fn in originals.items()}
+        pure = {label: dispatch(fn).torch_function for label, fn in originals.items()}
         for label in labels:
             own = pure[label]
             if mixer.STATE_OP is not None and mixer.STEP_STATE_OP is None:
@@ -298,17 +307,16 @@ def route_kernels(family: ModuleType, mode: str) -> None:
     if mode not in ROUTE_MODES:
         raise ValueError(f"route_kernels mode must be one of {', '.join(map(repr, ROUTE_MODES))}, not {mode!r}")
     family = _family_of(family)
-    from ..registry import REGISTRY
-
     router = REGISTRY.router(family) if isinstance(family, ModuleType) and hasattr(family, "MODEL_TYPES") else None
     if router is not None:
         router(family, mode)
         return
     mixers = _mixers(family)
     if not mixers:
+        routable = sorted(name for name, candidate in REGISTRY.families().items() if _mixers(candidate))
         raise ValueError(
-            f"family {family.__name__} wraps no recurrent mixer, so it has no kernels to route; route a family "
-            f"with a LinearAttention, SelectiveScan or StateSpace mixer"
+            f"family {family.__name__} wraps no recurrent mixer, so it has no kernels to route; the installed "
+            f"families with one: {', '.join(routable) or '(none)'}"
         )
     routes = _routes(family, mode)
     for (modeling, name), function in routes.items():
@@ -328,9 +336,9 @@ def _warn_if_compiled(mixers: list[tuple[type, type]], routes: dict[tuple[Module
     for module in list(_INSTRUMENTED):
         if not isinstance(module, classes):
             continue
-        innermost, _ = decorator_chain(module.__dict__[STATE].body)
+        compiled = _compiled_globals(module.__dict__[STATE].body)
         modeling = modeling_module(type(module))
-        if any(innermost.__globals__.get(name) is not fn for (where, name), fn in routes.items() if where is modeling):
+        if any(compiled.get(name) is not fn for (where, name), fn in routes.items() if where is modeling):
             stale += 1
     if stale:
         warnings.warn(
@@ -396,6 +404,10 @@ class RecurrentMixer(Standard):
     RECURRENT_KERNEL: str
     STATE_OP: str | None = None
     STEP_STATE_OP: str | None = None
+    #: The call inside transformers' hub dispatcher wrapper that runs the kernel's body.
+    DISPATCHED: str = "implementation_0"
+    #: What needs_recurrent_routing says while the family's kernels are not routed.
+    ROUTE_HINT: str = ROUTE_HINT
 
     @property
     def source(self) -> Any:
@@ -431,6 +443,18 @@ class RecurrentMixer(Standard):
             return cls.RECURRENT_KERNEL if continues and seq == 1 else cls.CHUNK_KERNEL
 
         return per_call(envoy, "kernel", choose)
+
+    def kernel_body(self, label: str) -> str:
+        """The path to the operations inside the body of kernel ``label``, for a key.
+
+        ``source.<label>.source`` where the name is bound to the pure-torch
+        function (routed); one call deeper where it is still bound to
+        transformers' hub dispatcher, whose wrapper calls the body as
+        ``DISPATCHED``.
+        """
+        bound = bound_kernel(self, label)
+        body = f"source.{label}.source"
+        return body if bound is dispatch(bound).torch_function else f"{body}.{self.DISPATCHED}.source"
 
     # -- what the mixer adds -----------------------------------------------------
 
@@ -497,11 +521,16 @@ class RecurrentMixer(Standard):
     def _states(self) -> States:
         """The state after every token of this call, [batch, seq, heads, key_dim, value_dim]; needs route_kernels(family, 'torch')."""
         op, first, seq = self._token_op()
-        steps = []
+        states = None
         for t in range(seq):
             with pinned(first + t):
-                steps.append(op.output)
-        return torch.stack(steps, dim=1)
+                state = op.output
+            if states is None:
+                states = state.new_empty((state.shape[0], seq, *state.shape[1:]))
+            # Copied into one buffer as they come, so the kernel's per-token tensors are freed
+            # and reused rather than kept until a final stack.
+            states[:, t] = state
+        return states
 
     states = DerivedEProperty(_states, unavailable=needs_recurrent_routing)
 

@@ -119,10 +119,12 @@ def blocks_support(blocks: list[Envoy], layer: int | None = None) -> dict[str, A
 
 def _block_support(block: Envoy) -> dict[str, str | None]:
     table = dict(block.support()) if isinstance(block, Standard) else {}
-    for name, child in block._named_children():
-        aliases = [alias for alias, real in block._aliases.items() if real == name]
+    children = dict(block._named_children())
+    for alias, real in block._aliases.items():
+        # Under its standard name only, however deep the alias reaches (a hybrid's mixer one level down).
+        children.pop(real, None)
+        children[alias] = getattr(block, alias)
+    for name, child in children.items():
         if isinstance(child, Standard):
-            standard_name = aliases[0] if aliases else name
-            for value, reason in child.support().items():
-                table[f"{standard_name}.{value}"] = reason
+            table.update({f"{name}.{value}": reason for value, reason in child.support().items()})
     return table

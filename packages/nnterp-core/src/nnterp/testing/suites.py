@@ -85,25 +85,22 @@ class LayerSuite(Suite):
             total = inputs[i] + sum(parts[i])
             close(total, outputs[i], what=f"layers[{i}]: layer_input + {plan[i]} vs layer_output")
 
-    def test_layer_mid_is_input_plus_attention(self) -> None:
+    def test_layer_mid_is_input_plus_the_sequence_mixers(self) -> None:
         model = self.model
-        support = model.support()
-        if support["layer_mid"] is not None and len(support["layer_mid"]) == model.num_layers:
-            raise unittest.SkipTest(f"no block has a stream between its sublayers: {support['layer_mid']}")
-        blocks = [i for i in range(model.num_layers) if not (support["layer_mid"] or {}).get(i)]
-        plan = {i: self.contributions(i)[0] for i in blocks}
+        unavailable = model.support()["layer_mid"] or {}
+        blocks = [i for i in range(model.num_layers) if i not in unavailable]
+        if not blocks:
+            raise unittest.SkipTest(f"no block has a stream between its sublayers: {unavailable}")
+        mixers = {i: [part for part in self.contributions(i) if part[0] != "mlp"] for i in blocks}
         saved = {}
         with model.trace(PROMPT):
             for i in blocks:
                 layer = model.layers[i]
-                module, value = plan[i]
-                saved[i] = (
-                    layer.layer_input.save(),
-                    getattr(getattr(layer, module), value).save(),
-                    layer.layer_mid.save(),
-                )
-        for i, (entering, attention, mid) in saved.items():
-            close(entering + attention, mid, what=f"layers[{i}]: layer_input + {plan[i][1]} vs layer_mid")
+                entering = layer.layer_input.save()
+                parts = [getattr(getattr(layer, module), value).save() for module, value in mixers[i]]
+                saved[i] = (entering, parts, layer.layer_mid.save())
+        for i, (entering, parts, mid) in saved.items():
+            close(entering + sum(parts), mid, what=f"layers[{i}]: layer_input + {mixers[i]} vs layer_mid")
 
     def test_assigned_layer_output_is_next_layer_input(self) -> None:
         model = self.model
