@@ -1,0 +1,1 @@
+"""The gated-DeltaNet hybrid families: one module each, reachable as ``nnterp.families.<name>``."""

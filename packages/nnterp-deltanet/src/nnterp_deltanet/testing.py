@@ -1,0 +1,409 @@
+"""DeltaNetSuite: the properties every gated-DeltaNet mixer's values must have.
+
+A family's test class mixes it in with the layer and attention suites::
+
+    class TestQwen3_5Text(LayerSuite, AttentionSuite, DeltaNetSuite):
+        family = "qwen3_5_text"
+
+The suite routes the family's kernels to the token-by-token rule before the
+class's model is built (``route_kernels(family, "torch")``) and restores them
+afterwards, so the per-token state is readable on that model; the checks that
+need the default kernels build their own model under them.
+"""
+
+from __future__ import annotations
+
+import unittest
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from nnterp import RecurrentMixer, Unavailable, route_kernels
+from nnterp.components.recurrent import ROUTE_HINT, TRACED_BEFORE_ROUTING, dispatch, function_name, modeling_module
+from nnterp.registry import REGISTRY
+from nnterp.testing import PROMPT, Suite, blocks_with, close, tiny_standardized
+
+from .blocks import MissingMixer
+from .linear_attention import route_delta_rule
+
+#: Prompts of different lengths, for the padded batch.
+BATCH = ("Hello world, there", "Hi you")
+#: The kernel arguments the reference delta rule is computed from, in its order.
+DELTA_RULE_INPUTS = ("attention_queries", "attention_keys", "attention_values", "decays", "betas")
+#: Decode steps generate runs in the hand-off check.
+STEPS = 3
+
+
+@contextmanager
+def raises_unavailable(reason: str) -> Iterator[None]:
+    """Assert the block raises ``Unavailable`` giving ``reason``."""
+    try:
+        yield
+    except Unavailable as error:
+        assert reason in str(error), f"{error} does not give the reason {reason!r}"
+    else:
+        raise AssertionError(f"nothing raised Unavailable ({reason})")
+
+
+def _l2_normalized(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def reference_delta_rule(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    decays: torch.Tensor,
+    betas: torch.Tensor,
+    initial: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule, token by token, from what the kernel receives: (states, head outputs).
+
+    Queries and keys are l2-normalized and the queries scaled by
+    1/sqrt(key_dim), as the kernel does. Each token decays the state by
+    ``exp(decay)`` (one per head, or one per key channel on Kimi), replaces
+    what its key retrieves by its value with strength ``beta``, and its query
+    reads the updated state.
+    """
+    keys = _l2_normalized(keys.float())
+    queries = _l2_normalized(queries.float()) * keys.shape[-1] ** -0.5
+    values, decays, betas = values.float(), decays.float(), betas.float()
+    batch, seq, heads, key_dim = keys.shape
+    state = torch.zeros(batch, heads, key_dim, values.shape[-1]) if initial is None else initial.float()
+    states, outputs = [], []
+    for t in range(seq):
+        decay = decays[:, t].exp()
+        state = state * (decay[..., None] if decay.dim() == 3 else decay[..., None, None])
+        remembered = (state * keys[:, t, ..., None]).sum(-2)
+        delta = (values[:, t] - remembered) * betas[:, t, ..., None]
+        state = state + keys[:, t, ..., None] * delta[..., None, :]
+        states.append(state)
+        outputs.append((state * queries[:, t, ..., None]).sum(-2))
+    return torch.stack(states, 1), torch.stack(outputs, 1)
+
+
+class DeltaNetSuite(Suite):
+    """A gated DeltaNet's values: the delta rule they describe, the state after every token, and its writes."""
+
+    @classmethod
+    def setup_class(cls) -> None:
+        route_kernels(REGISTRY.family(cls.family), "torch")
+        super().setup_class()
+
+    @classmethod
+    def teardown_class(cls) -> None:
+        route_kernels(REGISTRY.family(cls.family), "default")
+
+    def mixers(self) -> list[int]:
+        blocks = blocks_with(self.model, "linear_attn")
+        assert blocks, f"{self.family}: no block has a linear_attn"
+        return blocks
+
+    def prompt_length(self) -> int:
+        return len(self.model.tokenizer(PROMPT).input_ids)
+
+    def read_mixer(self, layer: int, *names: str) -> list:
+        mixer = self.model.layers[layer].linear_attn
+        saved: list = []  # bound outside: a name first bound inside a trace does not survive it
+        with self.model.trace(PROMPT):
+            for name in names:
+                value = getattr(mixer, name)
+                saved.append(None if value is None else value.save())
+        return saved
+
+    # -- the values -------------------------------------------------------------------
+
+    def test_values_have_the_documented_shapes(self) -> None:
+        seq = self.prompt_length()
+        for layer in self.mixers():
+            mixer = self.model.layers[layer].linear_attn
+            heads, key_dim, value_dim = mixer.mixer_heads, mixer.key_dim, mixer.value_dim
+            queries, keys, values, decays, betas, entering, heads_out, leaving, output = self.read_mixer(
+                layer,
+                "attention_queries",
+                "attention_keys",
+                "attention_values",
+                "decays",
+                "betas",
+                "state_input",
+                "attention_head_outputs",
+                "state_output",
+                "attention_output",
+            )
+            assert tuple(queries.shape) == tuple(keys.shape) == (1, seq, heads, key_dim)
+            assert tuple(values.shape) == tuple(heads_out.shape) == (1, seq, heads, value_dim)
+            assert tuple(decays.shape) in ((1, seq, heads), (1, seq, heads, key_dim))
+            assert tuple(betas.shape) == (1, seq, heads)
+            assert tuple(leaving.shape) == (1, heads, key_dim, value_dim)
+            assert tuple(output.shape) == (1, seq, self.model.hidden_size)
+            assert entering is None, "a fresh prompt starts from no state"
+            assert decays.dtype == torch.float32 and decays.max() <= 0, "decays are float32 log-decays"
+            assert betas.min() > 0 and betas.max() < 2
+
+    def test_states_follow_the_reference_delta_rule(self) -> None:
+        for layer in self.mixers():
+            queries, keys, values, decays, betas, states, heads_out, leaving = self.read_mixer(
+                layer,
+                "attention_queries",
+                "attention_keys",
+                "attention_values",
+                "decays",
+                "betas",
+                "states",
+                "attention_head_outputs",
+                "state_output",
+            )
+            expected_states, expected_outputs = reference_delta_rule(queries, keys, values, decays, betas)
+            close(states, expected_states, what=f"layers[{layer}] states vs the reference delta rule")
+            close(heads_out, expected_outputs, what=f"layers[{layer}] head outputs vs the reference delta rule")
+            assert torch.equal(states[:, -1], leaving), "states[:, -1] is not state_output"
+
+    def test_state_walks_every_token_like_states(self) -> None:
+        seq = self.prompt_length()
+        for layer in self.mixers():
+            mixer = self.model.layers[layer].linear_attn
+            walked: list = []
+            with self.model.trace(PROMPT):
+                states = mixer.states.save()
+            with self.model.trace(PROMPT) as tracer:
+                for _ in tracer.iter[:seq]:
+                    walked.append(mixer.state.save())
+            with self.model.trace(PROMPT):
+                last = mixer.state_after(-1).save()
+            close(torch.stack(walked, 1), states, what=f"layers[{layer}] state under tracer.iter vs states")
+            assert torch.equal(last, states[:, -1])
+
+    # -- writes --------------------------------------------------------------------------
+
+    def test_state_write_changes_outputs_from_its_token_on(self) -> None:
+        t = 2
+        for layer in self.mixers():
+            mixer = self.model.layers[layer].linear_attn
+            with self.model.trace(PROMPT):
+                leaving = mixer.state_output.save()
+                clean = mixer.attention_output.save()
+            written = torch.randn(leaving.shape, generator=torch.Generator().manual_seed(0))
+            arguments: list = []
+            with self.model.trace(PROMPT):
+                arguments.extend(getattr(mixer, name).save() for name in DELTA_RULE_INPUTS)
+                mixer.set_state_after(t, written)
+                following = mixer.state_after(t + 1).save()
+                edited = mixer.attention_output.save()
+            with self.model.trace(PROMPT) as tracer:
+                for _ in tracer.iter[t]:
+                    mixer.state = written
+                assigned = mixer.attention_output.save()
+            assert torch.equal(edited[:, :t], clean[:, :t]), "a state write changed outputs before its token"
+            assert not torch.allclose(edited[:, t], clean[:, t]), (
+                f"a state write at token {t} left its output unchanged"
+            )
+            assert torch.equal(assigned, edited), "mix.state = ... at tracer.iter[t] differs from set_state_after(t)"
+            step = [value[:, t + 1 : t + 2] for value in arguments]
+            expected, _ = reference_delta_rule(*step, initial=written)
+            close(
+                following,
+                expected[:, 0],
+                what=f"layers[{layer}]: the token after a write continues from the written state",
+            )
+
+    def test_queries_edit_reaches_the_kernel(self) -> None:
+        for layer in self.mixers():
+            mixer = self.model.layers[layer].linear_attn
+            with self.model.trace(PROMPT):
+                mixer.attention_queries = torch.zeros_like(mixer.attention_queries)
+                heads_out = mixer.attention_head_outputs.save()
+            assert heads_out.abs().max() == 0, "zero queries read nothing from the state"
+            with self.model.trace(PROMPT):
+                with torch.no_grad():
+                    mixer.attention_keys[:, -1] = 0
+                decays = mixer.decays.save()
+                states = mixer.states.save()
+            decay = decays[:, -1].exp()
+            decay = decay[..., None] if decay.dim() == 3 else decay[..., None, None]
+            close(
+                states[:, -1],
+                states[:, -2] * decay,
+                what=f"layers[{layer}]: a token whose key is zeroed in place only decays the state",
+            )
+
+    # -- decode steps ---------------------------------------------------------------------
+
+    def test_decode_steps_continue_from_the_prompt_state(self) -> None:
+        for layer in self.mixers():
+            mixer = self.model.layers[layer].linear_attn
+            with self.model.trace(PROMPT):
+                prompt_states = mixer.states.save()
+            entering, stacks, leaving = [], [], []
+            with self.model.generate(PROMPT, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False) as tracer:
+                for _ in tracer.iter[:STEPS]:
+                    state = mixer.state_input
+                    entering.append(None if state is None else state.save())
+                    stacks.append(mixer.states.save())
+                    leaving.append(mixer.state_output.save())
+            assert entering[0] is None, "the prompt starts from no state"
+            assert torch.equal(stacks[0], prompt_states), "generate's prompt states differ from a trace's"
+            for step in range(1, STEPS):
+                assert torch.equal(entering[step], leaving[step - 1]), (
+                    f"step {step} does not start from step {step - 1}'s state"
+                )
+                assert stacks[step].shape[1] == 1, "a decode step is one token"
+                assert torch.equal(stacks[step][:, 0], leaving[step]), f"step {step}: states[:, 0] is not state_output"
+
+    # -- batches --------------------------------------------------------------------------
+
+    def test_left_padded_batch_gives_each_prompt_its_own_states(self) -> None:
+        tokenizer = self.model.tokenizer
+        side, tokenizer.padding_side = tokenizer.padding_side, "left"
+        try:
+            for layer in self.mixers():
+                mixer = self.model.layers[layer].linear_attn
+                with self.model.trace(list(BATCH)):
+                    batched = mixer.states.save()
+                for row, prompt in enumerate(BATCH):
+                    with self.model.trace(prompt):
+                        alone = mixer.states.save()
+                    n = alone.shape[1]
+                    close(batched[row, -n:], alone[0], what=f"layers[{layer}] states of {prompt!r} in a padded batch")
+        finally:
+            tokenizer.padding_side = side
+
+    def test_two_invokes_each_read_their_own_call(self) -> None:
+        prompts = ("Hello world, there", "Hello world, where")
+        for layer in self.mixers():
+            mixer = self.model.layers[layer].linear_attn
+            alone = []
+            for prompt in prompts:
+                with self.model.trace(prompt):
+                    alone.append(mixer.states.save())
+            together: list = []
+            with self.model.trace() as tracer:
+                for prompt in prompts:
+                    with tracer.invoke(prompt):
+                        together.append(mixer.states.save())
+            for prompt, single, invoked in zip(prompts, alone, together, strict=True):
+                close(invoked, single, what=f"layers[{layer}] states of {prompt!r} in its own invoke")
+
+    # -- kernels, routing and errors ----------------------------------------------------
+
+    def test_default_kernels_serve_the_same_values_and_refuse_states(self) -> None:
+        family = REGISTRY.family(self.family)
+        route_kernels(family, "default")
+        try:
+            chunked = tiny_standardized(family, **self.load)
+            layer = self.mixers()[0]
+            mixer = chunked.layers[layer].linear_attn
+            reason = chunked.support(layer=layer)["linear_attn.states"]
+            assert reason == ROUTE_HINT, f"unrouted states: support says {reason!r}"
+            saved: list = []
+            with chunked.trace(PROMPT):
+                saved.extend((mixer.attention_head_outputs.save(), mixer.state_output.save()))
+            with raises_unavailable(ROUTE_HINT):
+                with chunked.trace(PROMPT):
+                    mixer.states.save()
+        finally:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "route_kernels: .* already traced")
+                route_kernels(family, "torch")
+        routed_heads, routed_state = self.read_mixer(layer, "attention_head_outputs", "state_output")
+        close(saved[0], routed_heads, atol=1e-4, what="head outputs: chunked vs token-by-token kernel")
+        close(saved[1], routed_state, atol=1e-4, what="state_output: chunked vs token-by-token kernel")
+
+    def test_routing_after_a_trace_warns_and_states_say_why(self) -> None:
+        family = REGISTRY.family(self.family)
+        route_kernels(family, "default")
+        try:
+            late = tiny_standardized(family, **self.load)
+            mixer = late.layers[self.mixers()[0]].linear_attn
+            with late.trace(PROMPT):
+                mixer.attention_queries.save()
+        finally:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                route_kernels(family, "torch")
+        assert any("already traced" in str(warning.message) for warning in caught), "no warning about a traced mixer"
+        assert late.support(layer=self.mixers()[0])["linear_attn.states"] == TRACED_BEFORE_ROUTING
+        with raises_unavailable(TRACED_BEFORE_ROUTING):
+            with late.trace(PROMPT):
+                mixer.states.save()
+
+    def test_an_optimized_kernel_makes_kernel_values_unavailable(self) -> None:
+        from transformers.integrations import use_kernel_func_from_hub_with_fallback
+
+        family = REGISTRY.family(self.family)
+        layer = self.mixers()[0]
+        mixer_class = type(self.model.layers[layer].linear_attn)
+        module_class = next(key for key, value in family.ENVOYS.items() if value is mixer_class)
+        modeling = modeling_module(module_class)
+        name = function_name(mixer_class.CHUNK_KERNEL)
+        route_kernels(family, "default")
+        imported = getattr(modeling, name)
+        # transformers' own dispatcher, finding an "optimized" implementation in an importable package
+        # (json.dumps stands in for fla's kernel: it is never called, only looked at).
+        pure = dispatch(imported).torch_function
+        try:
+            setattr(modeling, name, use_kernel_func_from_hub_with_fallback("dumps", "json")(pure))
+            compiled = tiny_standardized(family, **self.load)
+            support = compiled.support(layer=layer)
+            with raises_unavailable("optimized kernel (json)"):
+                with compiled.trace(PROMPT):
+                    compiled.layers[layer].linear_attn.attention_queries.save()
+        finally:
+            setattr(modeling, name, imported)
+            route_kernels(family, "torch")
+        for value in ("attention_queries", "state_output", "states"):
+            reason = support[f"linear_attn.{value}"]
+            assert reason is not None and "nnterp.route_kernels(model.family, 'torch')" in reason, (
+                f"{value}: {reason!r}"
+            )
+
+    def test_state_index_outside_the_call_raises(self) -> None:
+        seq = self.prompt_length()
+        mixer = self.model.layers[self.mixers()[0]].linear_attn
+        for t in (seq, -seq - 1):
+            try:
+                with self.model.trace(PROMPT):
+                    mixer.state_after(t).save()
+            except IndexError as error:
+                assert f"has {seq} token(s)" in str(error)
+            else:
+                raise AssertionError(f"state_after({t}) on a {seq}-token prompt did not raise IndexError")
+
+    def test_route_kernels_rejects_bad_arguments_and_leaves_bindings(self) -> None:
+        family = REGISTRY.family(self.family)
+        mixer_class = type(self.model.layers[self.mixers()[0]].linear_attn)
+        module_class = next(key for key, value in family.ENVOYS.items() if value is mixer_class)
+        modeling = modeling_module(module_class)
+        names = [function_name(label) for label in (mixer_class.CHUNK_KERNEL, mixer_class.RECURRENT_KERNEL)]
+        before = {name: getattr(modeling, name) for name in names}
+        for call, expected in (
+            (lambda: route_kernels(family, "fast"), "'torch', 'default'"),
+            (lambda: route_kernels("qwen", "torch"), "family module"),
+            (lambda: route_delta_rule(family, "torch"), "'recurrent' or 'chunked'"),
+        ):
+            try:
+                call()
+            except ValueError as error:
+                assert expected in str(error), f"{error} does not name {expected}"
+            else:
+                raise AssertionError("route_kernels accepted a bad argument")
+        assert {name: getattr(modeling, name) for name in names} == before, "a refused routing changed the bindings"
+        route_delta_rule(family, "recurrent")
+        assert {name: getattr(modeling, name) for name in names} == before, "'recurrent' is not route_kernels 'torch'"
+        route_kernels(modeling, "torch")
+        assert {name: getattr(modeling, name) for name in names} == before, "routing by modeling module differs"
+
+    def test_attention_block_has_no_linear_attn(self) -> None:
+        attention = [i for i in range(self.model.num_layers) if i not in self.mixers()]
+        if not attention:
+            raise unittest.SkipTest("every block is a DeltaNet block")
+        block = self.model.layers[attention[0]]
+        assert getattr(block, "linear_attn", None) is None
+        try:
+            block.linear_attn
+        except MissingMixer as error:
+            assert isinstance(error, Unavailable) and "self_attn" in str(error)
+        else:
+            raise AssertionError("an attention block served a linear_attn")
+        assert isinstance(self.model.layers[self.mixers()[0]].linear_attn, RecurrentMixer)
