@@ -1,0 +1,1 @@
+"""The Mamba-1 families: Mamba, Falcon-Mamba and Jamba."""

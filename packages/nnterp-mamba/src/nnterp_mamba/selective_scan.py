@@ -1,0 +1,297 @@
+"""SelectiveScan: a Mamba-1 mixer's values, read at the selective-scan kernel call its forward makes."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels, per_call
+from nnterp.components.recurrent import kernel, needs_recurrent_routing
+from nnterp.layouts import ScanDecays, ScanQK, ScanState, ScanStates, ScanSteps, ScanValues
+
+UNROUTED = (
+    "the scan's token loop binds the state after every token, but it sits behind transformers' hub dispatcher "
+    "until the kernel names are routed; call nnterp.route_kernels(model.family, 'torch') before the first trace "
+    "that touches this mixer"
+)
+NOT_ON_A_PROMPT = (
+    "state_input on {path}: a prompt's scan starts from zeros and takes no state to replace; write the state "
+    "after a token instead (set_state_after(t, value), or mix.state under tracer.iter[t])"
+)
+
+
+def needs_token_loop(envoy: "SelectiveScan") -> str | None:
+    """Why the state after each token is unavailable on a Mamba-1 mixer, or ``None``.
+
+    The routing's reasons first (``needs_recurrent_routing``); then mambapy:
+    with ``use_mambapy`` set on the mixer and mambapy installed, the pure-torch
+    scan runs mambapy's parallel scan, which computes every state at once and
+    never binds the state after a token.
+    """
+    reason = needs_recurrent_routing(envoy)
+    if reason is not None:
+        return reason
+    module = envoy._module
+    # The scan asks its own modeling module; one that never imported the check never takes mambapy's path.
+    mambapy_installed = getattr(sys.modules[type(module).__module__], "is_mambapy_available", lambda: False)()
+    if getattr(module, "use_mambapy", False) and mambapy_installed:
+        return (
+            "this mixer runs mambapy's parallel scan (use_mambapy=True and mambapy is installed), which computes "
+            "every state at once and binds none per token; load the model with use_mambapy=False (or set "
+            "use_mambapy = False on each mixer module) to run the token loop"
+        )
+    return None
+
+
+def argument(name: str):
+    """The ``select`` of a kernel argument: its place in the scan's call, or in the decode update's."""
+    return lambda envoy: envoy.ARGUMENTS[name][envoy.decoding()]
+
+
+def _tokens_first(value: torch.Tensor, decoding: bool) -> torch.Tensor:
+    """A channel-first kernel tensor as a tokens-first view: [batch, n, seq] -> [batch, seq, n]; a decode step's [batch, n] -> [batch, 1, n]."""
+    return value.unsqueeze(1) if decoding else value.transpose(1, 2)
+
+
+def _channel_first(value: torch.Tensor, decoding: bool) -> torch.Tensor:
+    """The inverse of ``_tokens_first``: what the kernel takes in place of an assigned tokens-first tensor."""
+    return value[:, 0] if decoding else value.transpose(1, 2)
+
+
+class SelectiveScan(RecurrentMixer):
+    """A Mamba-1 mixer (Mamba, Falcon-Mamba, Jamba's Mamba blocks): a selective state-space scan.
+
+    Every channel of the mixer's inner width (``channels``) keeps a state of
+    ``state_dim`` numbers. Per token t, with a step size ``dt_t`` per channel
+    and two vectors ``B_t`` and ``C_t`` of ``state_dim`` numbers shared by
+    every channel::
+
+        h_t = exp(dt_t * A) * h_{t-1} + dt_t * B_t * x_t
+        y_t = C_t . h_t + D * x_t
+
+    ``A`` is a learned [channels, state_dim] matrix of negative rates. ``y``
+    is gated by ``silu(z)`` and projected back by ``out_proj`` into
+    ``attention_output``. In the vocabulary every recurrent mixer shares,
+    ``C`` reads the state as a query does (``attention_queries``), ``B``
+    writes into it as a key does (``attention_keys``), ``x`` is what is
+    written (``attention_values``), ``dt`` is how strongly (``betas``) and
+    ``dt * A`` is the log of how much each state entry keeps (``decays``, per
+    channel and state dimension).
+
+    The values are read at the kernel call the forward makes: transformers'
+    ``mamba_selective_scan(x, dt, A, B, C, D=, z=, delta_bias=)`` on a prompt,
+    ``mamba_selective_state_update(state, x, dt, A, B, C, D, z=, dt_bias=)``
+    on a decode step. The two take their arguments at different places
+    (``ARGUMENTS``), and their tensors are channel-first (``x`` [batch,
+    channels, seq], ``B`` [batch, state_dim, seq]; the update drops the
+    sequence axis). Each value is a tokens-first view of its argument, so an
+    in-place edit lands in the kernel's tensor, and an assignment is laid back
+    out channel-first. ``betas`` and ``decays`` are derived from ``dt``,
+    ``dt_bias`` and ``A`` the way the kernel derives them, and read-only.
+
+    The pure-torch scan is itself the token loop, binding the state after each
+    token (``STATE_OP``); the decode update binds the new state once
+    (``STEP_STATE_OP``). So after ``nnterp.route_kernels(model.family,
+    "torch")``, ``state``, ``states``, ``state_after`` and
+    ``set_state_after`` reach every position of a prompt.
+    """
+
+    CHUNK_KERNEL = "mamba_selective_scan_0"
+    RECURRENT_KERNEL = "mamba_selective_state_update_0"
+    STATE_OP = "ssm_state_3"
+    STEP_STATE_OP = "ssm_state_0"
+    #: Each argument's place (position or keyword) in the scan's call and in the update's.
+    ARGUMENTS = {
+        "state": (None, 0),
+        "x": (0, 1),
+        "dt": (1, 2),
+        "A": (2, 3),
+        "B": (3, 4),
+        "C": (4, 5),
+        "dt_bias": ("delta_bias", "dt_bias"),
+    }
+    #: Inside each kernel (scan, update): the binding of y = C . h + D * x, before the silu(z) gate.
+    HEAD_OUTPUTS = ("scan_output_5", "out_1")
+    #: Inside the update: the new state as the cache's ``state.copy_`` receives it.
+    UPDATED_STATE = "ssm_state_to_0"
+    ROUTE_HINT = UNROUTED
+
+    # -- sizes ---------------------------------------------------------------------
+
+    @property
+    def channels(self) -> int:
+        """Width of the scan: the mixer's ``intermediate_size``."""
+        return self._module.intermediate_size
+
+    @property
+    def state_dim(self) -> int:
+        """Numbers of state per channel: the mixer's ``ssm_state_size``."""
+        return self._module.ssm_state_size
+
+    @property
+    def groups(self) -> int:
+        """Groups of channels sharing one B and C: a Mamba-1 scan has one."""
+        return 1
+
+    # -- the call --------------------------------------------------------------------
+
+    def decoding(self) -> bool:
+        """Whether this call of the mixer is a decode step (the update over the cached state) rather than a scan."""
+        cls = type(self)
+        return cls.KERNEL(self) == cls.RECURRENT_KERNEL
+
+    def _seq(self, args: tuple, kwargs: dict) -> int:
+        """The call's length: the scan's x is [batch, channels, seq]; the update takes one token."""
+        return 1 if self.decoding() else args[0].shape[2]
+
+    def _arguments(self) -> tuple[tuple, dict]:
+        """The kernel call's ``(args, kwargs)``, read once per call."""
+        return per_call(self, "arguments", lambda: getattr(self.source, type(self).KERNEL(self)).inputs)
+
+    def _argument(self, name: str) -> Any:
+        args, kwargs = self._arguments()
+        place = self.ARGUMENTS[name][self.decoding()]
+        return kwargs[place] if isinstance(place, str) else args[place]
+
+    def _inside(self, operation: str) -> str:
+        """The key of ``operation``, a binding inside the kernel that fires on this call."""
+        return f"{per_call(self, 'body', lambda: self.kernel_body(type(self).KERNEL(self)))}.{operation}.output"
+
+    # -- the values --------------------------------------------------------------------
+
+    @EProperty(kernel("inputs"), unavailable=needs_torch_kernels, select=argument("C"))
+    def attention_queries(self, value: Any) -> ScanQK:
+        """C, what each token reads the state with, [batch, seq, 1, state_dim]: one group, shared by every channel.
+
+        A view of the kernel's argument. Assign to replace it. Where it is a
+        view of the projection's split (Mamba; not Falcon-Mamba or Jamba, which
+        norm it first) torch refuses in-place edits while autograd is on: edit
+        in place under ``torch.no_grad()``.
+        """
+        return _tokens_first(value, self.decoding()).unsqueeze(2)
+
+    @attention_queries.postprocess
+    def attention_queries(self, value: torch.Tensor) -> torch.Tensor:
+        return _channel_first(value[:, :, 0], self.decoding())
+
+    @EProperty(kernel("inputs"), unavailable=needs_torch_kernels, select=argument("B"))
+    def attention_keys(self, value: Any) -> ScanQK:
+        """B, where each token writes into the state, [batch, seq, 1, state_dim].
+
+        Assign to replace it; in-place edits need ``torch.no_grad()``, as on
+        ``attention_queries``.
+        """
+        return _tokens_first(value, self.decoding()).unsqueeze(2)
+
+    @attention_keys.postprocess
+    def attention_keys(self, value: torch.Tensor) -> torch.Tensor:
+        return _channel_first(value[:, :, 0], self.decoding())
+
+    @EProperty(kernel("inputs"), unavailable=needs_torch_kernels, select=argument("x"))
+    def attention_values(self, value: Any) -> ScanValues:
+        """x, what each channel writes, [batch, seq, channels]: after the convolution and the activation.
+
+        Assign, or edit in place.
+        """
+        return _tokens_first(value, self.decoding())
+
+    @attention_values.postprocess
+    def attention_values(self, value: torch.Tensor) -> torch.Tensor:
+        return _channel_first(value, self.decoding())
+
+    def _betas(self) -> ScanSteps:
+        """The step size softplus(dt + dt_bias), [batch, seq, channels]; derived, read-only."""
+        dt, bias = self._argument("dt"), self._argument("dt_bias")
+        decoding = self.decoding()
+        if bias is not None:
+            dt = dt + (bias.to(dt.dtype) if decoding else bias.to(dt.dtype)[..., None])
+        return _tokens_first(F.softplus(dt), decoding)
+
+    betas = DerivedEProperty(_betas, unavailable=needs_torch_kernels)
+
+    def _decays(self) -> ScanDecays:
+        """The log decay dt * A of every state entry, [batch, seq, channels, state_dim]; derived, read-only."""
+        return self._betas()[..., None] * self._argument("A")
+
+    decays = DerivedEProperty(_decays, unavailable=needs_torch_kernels)
+
+    @EProperty(kernel("inputs"), unavailable=needs_torch_kernels, select=argument("state"))
+    def state_input(self, value: Any) -> ScanState:
+        """The state a decode step starts from, [batch, channels, state_dim]: a copy of the cache's; ``None`` on a prompt.
+
+        A copy because the update overwrites the cache's buffer with the new
+        state in place, so the live tensor would read as this step's
+        ``state_output`` by the end of the trace. Assigning it writes the value
+        into the cache's buffer, which the step then starts from.
+        """
+        return value.clone() if self.decoding() else None
+
+    @state_input.postprocess
+    def state_input(self, value: torch.Tensor) -> torch.Tensor:
+        if not self.decoding():
+            raise ValueError(NOT_ON_A_PROMPT.format(path=self.path))
+        cached = self._argument("state")
+        with torch.no_grad():
+            cached.copy_(value)
+        return cached
+
+    def _head_outputs_key(self) -> str:
+        return self._inside(self.HEAD_OUTPUTS[self.decoding()])
+
+    @EProperty(_head_outputs_key, unavailable=needs_torch_kernels)
+    def attention_head_outputs(self, value: Any) -> ScanValues:
+        """y = C . h + D * x, [batch, seq, channels]: the scan's output before the silu(z) gate and ``out_proj``.
+
+        A binding inside the kernel. On a decode step the update computes the
+        new state before y, so read ``state_output`` first there. Assign, or
+        edit in place.
+        """
+        return _tokens_first(value, self.decoding())
+
+    @attention_head_outputs.postprocess
+    def attention_head_outputs(self, value: torch.Tensor) -> torch.Tensor:
+        return _channel_first(value, self.decoding())
+
+    def _state_output_key(self) -> str:
+        if self.decoding():
+            return self._inside(self.UPDATED_STATE)
+        return kernel("output")(self)
+
+    @EProperty(_state_output_key, unavailable=needs_torch_kernels, select=lambda envoy: None if envoy.decoding() else 1)
+    def state_output(self, value: Any) -> ScanState:
+        """The state after the call's last token, [batch, channels, state_dim], as the cache receives it.
+
+        The state the scan returns on a prompt; on a decode step the new state
+        the update copies into the cache. Assigning it changes what the next
+        decode step starts from, not this call's output. Assign rather than
+        edit in place on a decode step: in float32 the update's copy is the
+        very tensor its y is read from.
+        """
+        return value
+
+    # -- the state after every token ---------------------------------------------------------
+
+    @EProperty(RecurrentMixer._token_state_op, unavailable=needs_token_loop)
+    def state(self, value: Any) -> ScanState:
+        """The state after a token, [batch, channels, state_dim], one occurrence per token; needs route_kernels(family, 'torch').
+
+        ``for t in tracer.iter[:n]: mix.state`` walks the state after every
+        token of a prompt; an assignment at ``tracer.iter[t]`` is the state the
+        tokens after t continue from (token t's own output reads it too).
+        """
+        return value
+
+    def _scan_states(self) -> ScanStates:
+        """The state after every token of this call, [batch, seq, channels, state_dim]; needs route_kernels(family, 'torch')."""
+        return self._states()
+
+    states = DerivedEProperty(_scan_states, unavailable=needs_token_loop)
+
+    def _position(self, method: str, t: int) -> tuple[Any, int]:
+        reason = needs_token_loop(self)
+        if reason is not None:
+            raise Unavailable(f"{method} on {self.path}: {reason}")
+        return super()._position(method, t)
