@@ -1,0 +1,440 @@
+"""StateSpace: a Mamba-2 (SSD) mixer, read at its scan kernel call; and chunk_per_token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nnterp import DerivedEProperty, EProperty, Unavailable, unavailable
+from nnterp.components.recurrent import RecurrentMixer, kernel, needs_torch_kernels, per_call
+from nnterp.descriptor import resolve
+from nnterp.layouts import Gates, SSDHeadOutputs, SSDKeys, SSDQueries, SSDState, SSDStates, SSDValues
+
+NO_STATE_OCCURRENCES = (
+    "the chunk scan computes every token's state in one tensor per call, not one occurrence per token to walk "
+    "with tracer.iter; read states, or state_after(t), after nnterp.chunk_per_token(model)"
+)
+NO_STATE_WRITES = (
+    "the chunk scan computes every boundary state in one cumulative step from the initial state, so a state "
+    "written at token t does not flow into later tokens' states; assign state_input to change where a call starts"
+)
+
+#: torch's softplus returns its input unchanged above this, so the inverse does too.
+SOFTPLUS_THRESHOLD = 20.0
+#: The scan's default dt_limit, and what the decode step's update applies: no clamp on a positive step.
+NO_LIMIT = (0.0, float("inf"))
+
+
+def needs_per_token_chunks(envoy: "StateSpace") -> str | None:
+    """Why ``StateSpace.states`` is unavailable, or ``None``.
+
+    The kernels have no Python source to read inside (``needs_torch_kernels``),
+    or the chunk scan's chunks are longer than a token, so it materializes the
+    state only every ``chunk_size`` tokens.
+    """
+    reason = needs_torch_kernels(envoy)
+    if reason is not None:
+        return reason
+    chunk = envoy._module.chunk_size
+    if chunk != 1:
+        return (
+            f"the chunk scan materializes the state only at chunk boundaries, every {chunk} tokens "
+            f"(chunk_size={chunk}); call nnterp.chunk_per_token(model) to set every Mamba-2 mixer's chunk_size "
+            f"to 1, so every token is a boundary (slower on long prompts)"
+        )
+    return None
+
+
+def argument(name: str) -> Callable[["StateSpace"], int | str]:
+    """A select function: where the kernel call that fires takes ``name`` (the two kernels' call sites differ)."""
+
+    def select(envoy: "StateSpace") -> int | str:
+        return envoy._argument_table()[name]
+
+    return select
+
+
+def _inverse_softplus(value: torch.Tensor) -> torch.Tensor:
+    """x with softplus(x) == value, for value > 0 (float32)."""
+    value = value.float()
+    return torch.where(value > SOFTPLUS_THRESHOLD, value, value + torch.log(-torch.expm1(-value)))
+
+
+def _kernel_key(attribute: str) -> Callable[["StateSpace"], str]:
+    def key(envoy: "StateSpace") -> str:
+        return envoy._kernel_path(attribute)
+
+    return key
+
+
+class StateSpace(RecurrentMixer):
+    """A Mamba-2 (SSD) mixer (Mamba-2, Nemotron-H, Bamba, Falcon-H1, Zamba2, GraniteMoeHybrid): a selective state space.
+
+    SSD, the state-space dual, is linear attention with one scalar decay per
+    head. Each head keeps a ``[state_dim, head_dim]`` state ``h``, and every
+    token does::
+
+        h = exp(dt * A) * h + dt * B x^T
+        y = C^T h + D * x
+
+    with ``dt = softplus(dt_raw + dt_bias)``. So the shared names mean what
+    they mean on a gated DeltaNet:
+
+    - ``attention_queries`` is ``C`` (what reads the state) and
+      ``attention_keys`` is ``B`` (where a token writes into it), both
+      ``[batch, seq, groups, state_dim]``: one per group of heads, shared by
+      the ``mixer_heads // groups`` heads of the group.
+    - ``attention_values`` is ``x``, what is written, ``[batch, seq, mixer_heads, head_dim]``.
+    - ``betas`` is ``dt``, the write strength, and ``decays`` is
+      ``A * dt``, the log of how much of the state a token keeps (float32,
+      non-positive), both ``[batch, seq, mixer_heads]``. Both are the kernel's
+      raw ``dt`` argument seen through ``dt_bias``, the softplus and ``A``;
+      an assignment is carried back into that argument, so the kernel computes
+      with the assigned gate.
+    - ``state_input`` / ``state_output``: the state entering and leaving the
+      call, ``[batch, mixer_heads, state_dim, head_dim]`` (the key side first,
+      as on every mixer), the transpose of the cache's layout; an assignment
+      is transposed back. ``state_input`` is ``None`` on a fresh prompt.
+    - ``attention_head_outputs`` is ``y``, with the ``D`` skip, before the
+      gated norm and ``out_proj``, ``[batch, seq, mixer_heads, head_dim]``.
+
+    Everything but ``attention_output`` is read at the scan call: transformers'
+    ``mamba2_chunk_scan`` on a prompt, its ``mamba2_selective_state_update``
+    on a decode step (``RecurrentMixer.KERNEL``). The two take their
+    arguments in different places (``CHUNK_ARGUMENTS``,
+    ``RECURRENT_ARGUMENTS``), and the update has no sequence axis: a decode
+    step's values are served with a sequence axis of 1, removed again on
+    assignment. The update writes the new state into the cache's buffer and
+    returns only ``y`` (gated by ``z`` on Falcon-H1), so a decode step's
+    ``state_output`` and ``attention_head_outputs`` are read inside it.
+
+    The chunk scan materializes the state at every chunk boundary in one
+    tensor (``CHUNK_STATES``). With a chunk size of 1
+    (:func:`chunk_per_token`) every token is a boundary, and ``states`` /
+    ``state_after(t)`` are the state after every token of the call. There is
+    no per-token occurrence to walk with ``tracer.iter`` (``state`` is
+    unavailable) and no per-token write (``set_state_after`` is unavailable):
+    assign ``state_input`` to change where a call starts.
+
+    A value that needs another argument of the call (``betas`` needs
+    ``dt_bias``) reads the call's arguments once per call, at its first need.
+    Read the values in the order the call makes them: the kernel's
+    arguments, then ``states`` and ``state_output``, then
+    ``attention_head_outputs`` (on a decode step the update computes the new
+    state before ``y``).
+    """
+
+    CHUNK_KERNEL = "mamba2_chunk_scan_0"
+    RECURRENT_KERNEL = "mamba2_selective_state_update_0"
+    #: Inside the chunk scan: the state at every chunk boundary, [batch, chunks + 1, heads, head_dim, state_dim].
+    CHUNK_STATES = "new_states_0"
+    #: Inside the chunk scan: its last boundary state, what it returns as the final state.
+    FINAL_STATE = "final_state_0"
+    #: Inside the single-step update: the new state as the cache's buffer receives it.
+    UPDATED_STATE = "ssm_states_to_0"
+    #: Inside the single-step update: y with the D skip, before the optional z gate.
+    STEP_OUTPUT = "out_2"
+    #: Where each kernel takes its arguments: a position, or a keyword.
+    CHUNK_ARGUMENTS = {
+        "hidden_states": 0,
+        "dt": 1,
+        "A": 2,
+        "B": 3,
+        "C": 4,
+        "dt_bias": "dt_bias",
+        "state": "initial_states",
+    }
+    RECURRENT_ARGUMENTS = {"state": 0, "hidden_states": 1, "dt": 2, "A": 3, "B": 4, "C": 5, "dt_bias": "dt_bias"}
+    #: The config attribute the mixer's chunk size is built from (chunk_per_token(enabled=False) restores it).
+    CHUNK_SIZE_CONFIG = "chunk_size"
+
+    # -- sizes ---------------------------------------------------------------------
+
+    @property
+    def mixer_heads(self) -> int:
+        """Heads of the state (the mixer's, which on a hybrid are not its softmax attention's)."""
+        return self._module.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one head's values and outputs: the mixer's head_dim, which on a hybrid is not its softmax attention's."""
+        return self._module.head_dim
+
+    @property
+    def state_dim(self) -> int:
+        """Width of the queries and keys (C and B): the state's rows."""
+        return self._module.ssm_state_size
+
+    @property
+    def groups(self) -> int:
+        """Groups of heads sharing one C and one B (n_groups)."""
+        return self._module.n_groups
+
+    # -- the call --------------------------------------------------------------------
+
+    def _decoding(self) -> bool:
+        cls = type(self)
+        return cls.KERNEL(self) == cls.RECURRENT_KERNEL
+
+    def _argument_table(self) -> dict[str, int | str]:
+        return self.RECURRENT_ARGUMENTS if self._decoding() else self.CHUNK_ARGUMENTS
+
+    def _argument(self, name: str) -> Any:
+        """The argument ``name`` of the kernel call that fires on this call (read once per call)."""
+        args, kwargs = self._arguments()
+        where = self._argument_table()[name]
+        return kwargs.get(where) if isinstance(where, str) else args[where]
+
+    def _arguments(self) -> tuple[tuple, dict]:
+        """The kernel call's ``(args, kwargs)``, read once per call at the first need."""
+        return per_call(self, "arguments", lambda: getattr(self.source, type(self).KERNEL(self)).inputs)
+
+    def _kernel_body(self, label: str) -> str:
+        """The path to the operations inside ``label``'s body, after the call's arguments.
+
+        The call's arguments are read first: once the worker is inside the
+        kernel they are behind it, and a later value of the call may need them.
+        """
+        self._arguments()
+        return self.kernel_body(label)
+
+    def _kernel_path(self, attribute: str) -> str:
+        """Where a value is served on this call: at the prompt's scan call, or inside the decode step's update."""
+        cls = type(self)
+        if self._decoding():
+            operation = {"output": cls.STEP_OUTPUT, "state": cls.UPDATED_STATE}[attribute]
+            return f"{self._kernel_body(cls.RECURRENT_KERNEL)}.{operation}.output"
+        if attribute == "state" and not self._returns_state():
+            return f"{self._kernel_body(cls.CHUNK_KERNEL)}.{cls.FINAL_STATE}.output"
+        return f"source.{cls.CHUNK_KERNEL}.output"
+
+    def _returns_state(self) -> bool:
+        """Whether the prompt's scan returns its final state (it does when the model runs with a cache)."""
+        return bool(self._arguments()[1].get("return_final_states", False))
+
+    def _state_selection(self) -> int | None:
+        return 1 if not self._decoding() and self._returns_state() else None
+
+    # -- layouts -----------------------------------------------------------------------
+
+    def _tokens(self, value: torch.Tensor) -> torch.Tensor:
+        """A kernel tensor with the sequence axis the decode step's update does not have (a view)."""
+        return value.unsqueeze(1) if self._decoding() else value
+
+    def _kernel_tensor(self, value: torch.Tensor) -> torch.Tensor:
+        """An assigned tokens-first tensor in the kernel's layout: without the sequence axis on a decode step."""
+        if self._decoding():
+            if value.shape[1] != 1:
+                raise ValueError(
+                    f"a decode step has one token: assign a tensor with 1 on axis 1, not {tuple(value.shape)}"
+                )
+            return value.squeeze(1)
+        return value
+
+    def _gate_inputs(self) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]]:
+        """(dt_bias, A, dt_limit) per head as the kernel applies them to dt."""
+        dt_bias, A = self._argument("dt_bias"), self._argument("A")
+        if self._decoding():
+            return dt_bias[..., 0], A[:, 0, 0], NO_LIMIT
+        return dt_bias, A, self._arguments()[1].get("dt_limit", NO_LIMIT)
+
+    def _betas(self, dt: torch.Tensor) -> torch.Tensor:
+        """The step size the kernel computes from its raw dt argument, tokens first."""
+        dt_bias, _, (low, high) = self._gate_inputs()
+        raw = dt[..., 0] if self._decoding() else dt
+        betas = F.softplus(raw + dt_bias.to(raw.dtype)).clamp(low, high)
+        return self._tokens(betas)
+
+    def _dt_for(self, betas: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+        """The raw dt argument for which the kernel computes ``betas``, in the kernel's layout."""
+        dt_bias, _, _ = self._gate_inputs()
+        raw = (_inverse_softplus(self._kernel_tensor(betas)) - dt_bias.float()).to(dt.dtype)
+        return raw[..., None].expand_as(dt) if self._decoding() else raw
+
+    # -- values at the kernel call -------------------------------------------------------
+
+    @EProperty(kernel("inputs"), select=argument("C"), unavailable=needs_torch_kernels)
+    def attention_queries(self, value: Any) -> SSDQueries:
+        """C, what reads the state, [batch, seq, groups, state_dim].
+
+        Assign to replace it. x, B and C are views of one split tensor, which
+        torch lets you edit in place only without autograd (under
+        ``torch.no_grad()``).
+        """
+        return self._tokens(value)
+
+    @attention_queries.postprocess
+    def attention_queries(self, value: torch.Tensor) -> torch.Tensor:
+        return self._kernel_tensor(value)
+
+    @EProperty(kernel("inputs"), select=argument("B"), unavailable=needs_torch_kernels)
+    def attention_keys(self, value: Any) -> SSDKeys:
+        """B, where each token writes into the state, [batch, seq, groups, state_dim].
+
+        Assign to replace it (in place only under ``torch.no_grad()``, as for C).
+        """
+        return self._tokens(value)
+
+    @attention_keys.postprocess
+    def attention_keys(self, value: torch.Tensor) -> torch.Tensor:
+        return self._kernel_tensor(value)
+
+    @EProperty(kernel("inputs"), select=argument("hidden_states"), unavailable=needs_torch_kernels)
+    def attention_values(self, value: Any) -> SSDValues:
+        """x, what each token writes into the state, [batch, seq, mixer_heads, head_dim].
+
+        After the convolution and activation: the scan's ``hidden_states``.
+        Assign to replace it (in place only under ``torch.no_grad()``, as for C).
+        """
+        return self._tokens(value)
+
+    @attention_values.postprocess
+    def attention_values(self, value: torch.Tensor) -> torch.Tensor:
+        return self._kernel_tensor(value)
+
+    @EProperty(kernel("inputs"), select=argument("dt"), unavailable=needs_torch_kernels)
+    def betas(self, dt: Any) -> Gates:
+        """The step size dt = softplus(dt + dt_bias), how strongly each token writes, [batch, seq, mixer_heads].
+
+        Computed from the kernel's raw dt argument, clamped to the mixer's
+        time_step_limit on a prompt as the scan does. A copy: assign to
+        change it, and the kernel's dt argument is set so that the kernel
+        computes the assigned step size (which a prompt's scan clamps too).
+        """
+        return self._betas(dt)
+
+    @betas.postprocess
+    def betas(self, value: torch.Tensor) -> torch.Tensor:
+        return self._dt_for(value, self._argument("dt"))
+
+    @EProperty(kernel("inputs"), select=argument("dt"), unavailable=needs_torch_kernels)
+    def decays(self, dt: Any) -> Gates:
+        """A * dt, the log of how much of the state each token keeps, [batch, seq, mixer_heads], float32, non-positive.
+
+        A copy: assign to change it, and the kernel's dt argument is set so
+        that the kernel computes the assigned decay (A is the mixer's own,
+        so the step size changes with it).
+        """
+        _, A, _ = self._gate_inputs()
+        return A.float() * self._betas(dt).float()
+
+    @decays.postprocess
+    def decays(self, value: torch.Tensor) -> torch.Tensor:
+        _, A, _ = self._gate_inputs()
+        return self._dt_for(value / A.float(), self._argument("dt"))
+
+    @EProperty(kernel("inputs"), select=argument("state"), unavailable=needs_torch_kernels)
+    def state_input(self, value: Any) -> SSDState | None:
+        """The state this call starts from, [batch, mixer_heads, state_dim, head_dim]: ``None`` on a fresh prompt.
+
+        A copy: on a decode step the kernel overwrites the cache's buffer with
+        the step's new state, so the live tensor would read as this step's
+        output by the end of the trace. Assign to change where the call
+        starts; on a decode step the assigned state is copied into the
+        cache's buffer, which the step then updates as usual.
+        """
+        return None if value is None else value.transpose(-1, -2).clone()
+
+    @state_input.postprocess
+    def state_input(self, value: torch.Tensor | None) -> torch.Tensor | None:
+        if not self._decoding():
+            return None if value is None else value.transpose(-1, -2)
+        if value is None:
+            raise ValueError("a decode step continues the cached state: assign a tensor to state_input, not None")
+        buffer = self._argument("state")
+        buffer.copy_(value.transpose(-1, -2))
+        return buffer
+
+    @EProperty(_kernel_key("output"), unavailable=needs_torch_kernels)
+    def attention_head_outputs(self, value: Any) -> SSDHeadOutputs:
+        """y, each head's read of the state plus the D skip, [batch, seq, mixer_heads, head_dim].
+
+        Before the gated norm and the output projection (and, on a decode
+        step, before any gate the update applies itself). Assign, or edit in
+        place.
+        """
+        return self._tokens(value)
+
+    @attention_head_outputs.postprocess
+    def attention_head_outputs(self, value: torch.Tensor) -> torch.Tensor:
+        return self._kernel_tensor(value)
+
+    @EProperty(_kernel_key("state"), select=lambda envoy: envoy._state_selection(), unavailable=needs_torch_kernels)
+    def state_output(self, value: Any) -> SSDState:
+        """The state after the call's last token, [batch, mixer_heads, state_dim, head_dim]: what the next decode step starts from.
+
+        What the cache receives: the scan's final state on a prompt, the
+        updated state the decode step copies into the cache. Assigning it
+        changes what the next step starts from, not this call's output.
+        """
+        return value.transpose(-1, -2)
+
+    @state_output.postprocess
+    def state_output(self, value: torch.Tensor) -> torch.Tensor:
+        return value.transpose(-1, -2)
+
+    # -- the state after every token ------------------------------------------------------
+
+    state = unavailable(NO_STATE_OCCURRENCES)
+
+    def _states(self) -> SSDStates:
+        """The state after every token of this call, [batch, seq, mixer_heads, state_dim, head_dim]; needs nnterp.chunk_per_token(model)."""
+        if self._decoding():
+            return self.state_output.unsqueeze(1)
+        node, attribute = resolve(
+            self, f"{self._kernel_body(type(self).CHUNK_KERNEL)}.{type(self).CHUNK_STATES}.output"
+        )
+        boundaries = getattr(node, attribute)
+        return boundaries[:, 1:].transpose(-1, -2)
+
+    states = DerivedEProperty(_states, unavailable=needs_per_token_chunks)
+
+    def state_after(self, t: int) -> SSDState:
+        """The state after token ``t`` of this call, [batch, mixer_heads, state_dim, head_dim]: ``states[:, t]``."""
+        states = self.states
+        seq = states.shape[1]
+        if not -seq <= t < seq:
+            raise IndexError(
+                f"state_after({t}) on {self.path}: this call has {seq} token(s), so t is in [{-seq}, {seq})"
+            )
+        return states[:, t]
+
+    def set_state_after(self, t: int, value: torch.Tensor) -> None:
+        """Unavailable on a Mamba-2 mixer: the chunk scan has no per-token state to write (``NO_STATE_WRITES``)."""
+        raise Unavailable(f"set_state_after on {self.path}: {NO_STATE_WRITES}")
+
+
+def chunk_per_token(model: Any, enabled: bool = True) -> None:
+    """Run every Mamba-2 mixer of ``model`` with a chunk size of 1, so the chunk scan keeps the state after every token.
+
+    The scan materializes the state at each chunk boundary
+    (``StateSpace.states``); with ``chunk_size == 1`` every token is one. The
+    outputs are the same up to float rounding; the cost is not: the recurrence
+    between chunks is quadratic in the number of chunks, so a long prompt runs
+    markedly slower (and on transformers 5.17, whose scan broadcasts instead of
+    contracting, takes memory quadratic in its length).
+
+    Unlike ``route_kernels``, which binds a family's kernels process-wide, this
+    sets an attribute of each mixer module of this one model (``chunk_size``,
+    which the forward reads on every call): it applies from the next trace,
+    and to no other model. Call it on a loaded model, since a lazily loaded
+    model's modules are replaced when its weights arrive.
+    ``enabled=False`` restores the chunk size each mixer was built with (the
+    config's ``chunk_size``; ``mamba_chunk_size`` on Bamba, Falcon-H1 and
+    GraniteMoeHybrid).
+
+    Raises:
+        ValueError: the model has no Mamba-2 mixer.
+    """
+    mixers = model.modules(include_fn=lambda envoy: isinstance(envoy, StateSpace))
+    if not mixers:
+        raise ValueError(
+            f"chunk_per_token: {type(model._module).__name__} has no Mamba-2 (StateSpace) mixer; it applies to "
+            f"the families of nnterp-ssd (Mamba-2, Nemotron-H, Bamba, Falcon-H1, Zamba2, GraniteMoeHybrid)"
+        )
+    config = model._module.config.get_text_config()
+    for mixer in mixers:
+        mixer._module.chunk_size = 1 if enabled else getattr(config, type(mixer).CHUNK_SIZE_CONFIG)
