@@ -1,0 +1,145 @@
+"""selective_scan_states against transformers' own Mamba-1 kernels: the one-token update stepped along the sequence."""
+
+import inspect
+import math
+
+import pytest
+import torch
+from transformers.models.mamba import modeling_mamba
+
+from nnterp_mamba.trajectory import selective_scan_states
+
+# The pure-torch bodies, past the hub dispatcher (which would pick mamba_ssm's compiled kernels if installed).
+STATE_UPDATE = inspect.unwrap(modeling_mamba.mamba_selective_state_update)
+SCAN = inspect.unwrap(modeling_mamba.mamba_selective_scan)
+
+BATCH, CHANNELS, STATE_DIM = 2, 24, 16
+SEQ = 150  # three chunks of 64, the last one partial
+
+
+def inputs(seq=SEQ, with_state=True, step_shift=0.0, dtype=torch.float32, seed=0):
+    """Scan arguments at the scale a trained Mamba hands them: S4D-real A, steps from 0.001 to about 0.5."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    x = normal(BATCH, CHANNELS, seq)
+    dt = 0.5 * normal(BATCH, CHANNELS, seq)
+    # dt_proj's bias inverts the softplus of steps log-uniform in [0.001, 0.1], as Mamba initializes it
+    steps = torch.exp(torch.linspace(math.log(1e-3), math.log(0.1), CHANNELS))
+    dt_bias = steps + torch.log(-torch.expm1(-steps)) + step_shift
+    A = -torch.arange(1, STATE_DIM + 1, dtype=torch.float32).expand(CHANNELS, STATE_DIM).contiguous()
+    B = normal(BATCH, STATE_DIM, seq)
+    state = normal(BATCH, CHANNELS, STATE_DIM) if with_state else None
+    return x.to(dtype), dt.to(dtype), A, B.to(dtype), state, dt_bias
+
+
+def token_loop_states(x, dt, A, B, state, dt_bias):
+    """Every state, from transformers' one-token update applied token after token to one state buffer."""
+    buffer = torch.zeros(BATCH, CHANNELS, STATE_DIM) if state is None else state.clone()
+    C = torch.ones(BATCH, STATE_DIM, dtype=B.dtype)  # only read for the output, which is not compared
+    states = []
+    for t in range(x.shape[-1]):
+        STATE_UPDATE(buffer, x[..., t], dt[..., t], A, B[..., t], C, dt_bias=dt_bias, dt_softplus=True)
+        states.append(buffer.clone())
+    return torch.stack(states, dim=1)
+
+
+def states_of(x, dt, A, B, state, dt_bias, **options):
+    return selective_scan_states(x, dt, A, B, state, dt_bias=dt_bias, **options)
+
+
+def assert_relative(actual, expected, tolerance=1e-5):
+    error = ((actual.float() - expected).abs().max() / expected.abs().max()).item()
+    assert error <= tolerance, f"relative error {error:.2e} above {tolerance:.0e}"
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["fresh", "over_state"])
+def test_every_state_is_the_token_loops(with_state):
+    args = inputs(with_state=with_state)
+    states = states_of(*args)
+    assert states.shape == (BATCH, SEQ, CHANNELS, STATE_DIM) and states.dtype == torch.float32
+    assert_relative(states, token_loop_states(*args))
+
+
+def test_last_state_is_the_scans_returned_state():
+    x, dt, A, B, _, dt_bias = inputs(seq=200)
+    _, final = SCAN(x, dt, A, B, B, delta_bias=dt_bias, delta_softplus=True, return_last_state=True)
+    assert_relative(states_of(x, dt, A, B, None, dt_bias, positions=-1), final)
+
+
+def test_large_steps_and_other_chunk_sizes():
+    """Steps near 5 decay a state by up to exp(-80) in one token; the chunk size changes the grouping, not the states."""
+    args = inputs(step_shift=5.0, seed=1)
+    expected = token_loop_states(*args)
+    for chunk_size in (1, 7, 64, 256):
+        assert_relative(states_of(*args, chunk_size=chunk_size), expected)
+
+
+def test_a_long_prompt_stays_within_tolerance():
+    args = inputs(seq=1000, seed=2)
+    assert_relative(states_of(*args), token_loop_states(*args))
+
+
+def test_a_decode_step_continues_from_the_cached_state():
+    args = inputs(seq=1, seed=3)
+    states = states_of(*args)
+    assert states.shape == (BATCH, 1, CHANNELS, STATE_DIM)
+    assert_relative(states, token_loop_states(*args))
+
+
+def test_left_padding_leaves_a_fresh_state_empty():
+    """Padding zeroes x (after the convolution and activation) while dt keeps its bias: the state stays zero through
+    the padding, and the real tokens' states are the unpadded row's."""
+    x, dt, A, B, _, dt_bias = inputs(seed=4)
+    padding = 7
+    x[1, :, :padding] = 0
+    dt[1, :, :padding] = 0
+    B[1, :, :padding] = 0
+    states = states_of(x, dt, A, B, None, dt_bias)
+    assert not states[1, :padding].any()
+    assert_relative(
+        states[1:, padding:], states_of(x[1:, :, padding:], dt[1:, :, padding:], A, B[1:, :, padding:], None, dt_bias)
+    )
+    assert_relative(states, token_loop_states(x, dt, A, B, None, dt_bias))
+
+
+@pytest.mark.parametrize(
+    "positions",
+    [
+        5,
+        -1,
+        slice(None, None, 64),
+        slice(10, 140, 7),
+        slice(None, None, -9),
+        [149, 3, 64, 3, -2],
+        torch.tensor([63, 0, 64]),
+        [],
+    ],
+    ids=["int", "negative", "every_64th", "range", "reversed", "list", "tensor", "none"],
+)
+def test_positions_select_as_indexing_would(positions):
+    args = inputs(seed=5)
+    every = states_of(*args)
+    selected = states_of(*args, positions=positions)
+    # torch refuses a negative slice step, which a range (and this selection) takes
+    expected = every[:, list(range(SEQ)[positions])] if isinstance(positions, slice) else every[:, positions]
+    assert selected.shape == expected.shape
+    if expected.numel():
+        assert_relative(selected, expected, tolerance=1e-6)
+
+
+def test_positions_outside_the_call_are_refused():
+    with pytest.raises(IndexError, match="outside this call's 150 tokens"):
+        states_of(*inputs(), positions=[3, -151])
+
+
+def test_dtype_follows_the_kernels_inputs():
+    args = inputs(dtype=torch.bfloat16, seed=6)
+    expected = token_loop_states(*args)
+    in_bf16 = states_of(*args, positions=slice(None, None, 10))
+    in_float32 = states_of(*args, positions=slice(None, None, 10), dtype=torch.float32)
+    assert in_bf16.dtype == torch.bfloat16 and in_float32.dtype == torch.float32
+    assert_relative(in_float32, expected[:, ::10])
+    assert torch.equal(in_bf16, in_float32.to(torch.bfloat16))
