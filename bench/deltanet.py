@@ -21,17 +21,11 @@ kernel) adds about a tenth.
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
 import warnings
-from collections.abc import Callable
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+import harness
 
-from nnterp import StandardizedTransformer, route_kernels
-from nnterp.testing import local_tokenizer
+from nnterp import route_kernels
 
 LAYER_TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
 CONFIG = dict(
@@ -65,98 +59,39 @@ VALUES = (
 )
 
 
-def build() -> tuple[torch.nn.Module, StandardizedTransformer]:
-    """The raw transformers model and a StandardizedTransformer over an identical copy."""
-    models = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        config = AutoConfig.for_model("qwen3_5_text", **CONFIG)
-        models.append(AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval())
-    return models[0], StandardizedTransformer(models[1], tokenizer=local_tokenizer(CONFIG["vocab_size"]))
-
-
-def mixers(model: StandardizedTransformer) -> list:
+def mixers(model) -> list:
     return [model.layers[i].linear_attn for i, kind in enumerate(LAYER_TYPES) if kind == "linear_attention"]
 
 
-def timed(run: Callable[[int], None], n: int) -> float:
-    start = time.perf_counter()
-    run(n)
-    return time.perf_counter() - start
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    options = parser.parse_args()
-    if options.threads:
-        torch.set_num_threads(options.threads)
-
-    plain, model = build()
-    family = model.family
-    ids = {
-        n: torch.randint(3, CONFIG["vocab_size"], (1, n), generator=torch.Generator().manual_seed(n))
-        for n in options.lengths
-    }
-
-    def forward(n: int) -> None:
-        with torch.no_grad():
-            plain(ids[n])
-
-    def read_values(n: int) -> None:
-        with torch.no_grad(), model.trace(ids[n]):
-            for mixer in mixers(model):
-                for name in VALUES:
-                    value = getattr(mixer, name)
-                    if value is not None:
-                        value.save()
-
-    times: dict[tuple[str, int], list[float]] = {}
-    for n in options.lengths:
-        read_values(n)  # compiles the mixers' forwards, outside the timing
-        for _ in range(options.repeats):
-            times.setdefault(("plain", n), []).append(timed(forward, n))
-            times.setdefault(("values", n), []).append(timed(read_values, n))
-
+    options = harness.options(__doc__.splitlines()[0])
+    ids = harness.token_ids(options.lengths, CONFIG["vocab_size"])
+    plain, traced = harness.twins("qwen3_5_text", CONFIG, attn_implementation="eager")
+    model = harness.standardized(traced)
+    times = harness.medians(
+        {"plain": harness.forward(plain, ids), "values": harness.read(model, mixers(model), VALUES, ids)},
+        options.lengths,
+        options.repeats,
+    )
     with warnings.catch_warnings():
         # The values model was compiled with the chunked kernels and keeps them, as intended here.
         warnings.filterwarnings("ignore", "route_kernels: .* already traced")
-        route_kernels(family, "torch")
+        route_kernels(model.family, "torch")
     try:
-        routed_plain, routed = build()
-
-        def routed_forward(n: int) -> None:
-            with torch.no_grad():
-                routed_plain(ids[n])
-
-        def read_states(n: int) -> None:
-            with torch.no_grad(), routed.trace(ids[n]):
-                for mixer in mixers(routed):
-                    mixer.states.save()
-
-        for n in options.lengths:
-            read_states(n)
-            for _ in range(options.repeats):
-                times.setdefault(("routed", n), []).append(timed(routed_forward, n))
-                times.setdefault(("states", n), []).append(timed(read_states, n))
+        routed_plain, routed_traced = harness.twins("qwen3_5_text", CONFIG, attn_implementation="eager")
+        routed = harness.standardized(routed_traced)
+        runs = {
+            "routed": harness.forward(routed_plain, ids),
+            "states": harness.read(routed, mixers(routed), ["states"], ids),
+        }
+        times |= harness.medians(runs, options.lengths, options.repeats)
     finally:
-        route_kernels(family, "default")
-
-    median = {key: statistics.median(values) for key, values in times.items()}
-    print(
-        f"gated DeltaNet, {len(mixers(model))} mixers (16 heads x 128 x 128), hidden 1024, {torch.get_num_threads()} "
-        f"thread(s), median of {options.repeats} (seconds); states hold 1 MiB per token per mixer"
+        route_kernels(model.family, "default")
+    harness.table(
+        f"gated DeltaNet, {len(mixers(model))} mixers (16 heads x 128 x 128), hidden 1024; states hold 1 MiB per token per mixer",
+        times,
+        [("values", "plain"), ("states", "routed")],
     )
-    print(
-        f"{'tokens':>7} {'plain':>8} {'values':>8} {'values/plain':>13} {'routed':>8} {'states':>8} {'states/routed':>14}"
-    )
-    for n in options.lengths:
-        print(
-            f"{n:>7} {median['plain', n]:>8.3f} {median['values', n]:>8.3f} {median['values', n] / median['plain', n]:>12.2f}x"
-            f" {median['routed', n]:>8.3f} {median['states', n]:>8.3f} {median['states', n] / median['routed', n]:>13.2f}x"
-        )
 
 
 if __name__ == "__main__":

@@ -20,17 +20,9 @@ chunks. Absolute times drift on a shared machine; the ratios are the result.
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
-from collections.abc import Callable
-
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+import harness
 
 import nnterp
-from nnterp import StandardizedTransformer
-from nnterp.testing import local_tokenizer
 
 CONFIG = dict(
     vocab_size=1024,
@@ -57,97 +49,38 @@ VALUES = (
     "attention_head_outputs",
     "attention_output",
 )
-RUNS = ("plain", "values", "chunk1", "states")
-
-
-def build(layers: int) -> tuple[torch.nn.Module, torch.nn.Module, StandardizedTransformer]:
-    """Two raw transformers models (the second run with chunk_size 1) and a StandardizedTransformer over a third, identical copy."""
-    models = []
-    for _ in range(3):
-        torch.manual_seed(0)
-        config = AutoConfig.for_model("mamba2", num_hidden_layers=layers, **CONFIG)
-        models.append(AutoModelForCausalLM.from_config(config).eval())
-    for module in models[1].modules():
-        if hasattr(module, "chunk_size"):
-            module.chunk_size = 1
-    return models[0], models[1], StandardizedTransformer(models[2], tokenizer=local_tokenizer(CONFIG["vocab_size"]))
-
-
-def timed(run: Callable[[int], None], tokens: int) -> float:
-    start = time.perf_counter()
-    run(tokens)
-    return time.perf_counter() - start
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
-    options = parser.parse_args()
-    if options.threads:
-        torch.set_num_threads(options.threads)
-
-    plain, per_token, model = build(options.layers)
+    options = harness.options(__doc__.splitlines()[0], layers=4)
+    config = {**CONFIG, "num_hidden_layers": options.layers}
+    ids = harness.token_ids(options.lengths, CONFIG["vocab_size"])
+    plain, per_token, traced = harness.twins("mamba2", config, copies=3)
+    for module in per_token.modules():
+        if hasattr(module, "chunk_size"):
+            module.chunk_size = 1
+    model = harness.standardized(traced)
     mixers = [layer.linear_attn for layer in model.layers]
-    ids = {
-        n: torch.randint(3, CONFIG["vocab_size"], (1, n), generator=torch.Generator().manual_seed(n))
-        for n in options.lengths
-    }
+    read_states = harness.read(model, mixers, ["states"], ids)
 
-    def forward(n: int) -> None:
-        with torch.no_grad():
-            plain(ids[n])
-
-    def forward_per_token(n: int) -> None:
-        with torch.no_grad():
-            per_token(ids[n])
-
-    def read_values(n: int) -> None:
-        with torch.no_grad(), model.trace(ids[n]):
-            for mixer in mixers:
-                for name in VALUES:
-                    value = getattr(mixer, name)
-                    if value is not None:  # state_input: a prompt starts from no state
-                        value.save()
-
-    def read_states(n: int) -> None:
+    def states(n: int) -> None:
         nnterp.chunk_per_token(model)
         try:
-            with torch.no_grad(), model.trace(ids[n]):
-                for mixer in mixers:
-                    mixer.states.save()
+            read_states(n)
         finally:
             nnterp.chunk_per_token(model, enabled=False)
 
-    runs = dict(zip(RUNS, (forward, read_values, forward_per_token, read_states), strict=True))
-    times: dict[tuple[str, int], list[float]] = {}
-    for n in options.lengths:
-        read_values(n)  # compiles the mixers' forwards and drills the kernels, outside the timing
-        read_states(n)
-        for _ in range(options.repeats):
-            for name, run in runs.items():
-                times.setdefault((name, n), []).append(timed(run, n))
-
-    median = {key: statistics.median(values) for key, values in times.items()}
-    print(
-        f"Mamba-2, {options.layers} mixers (24 heads x head_dim 64 x state 128, chunk 256), hidden 768, "
-        f"{torch.get_num_threads()} threads, median of {options.repeats} (seconds)"
+    runs = {
+        "plain": harness.forward(plain, ids),
+        "values": harness.read(model, mixers, VALUES, ids),
+        "chunk1": harness.forward(per_token, ids),
+        "states": states,
+    }
+    harness.table(
+        f"Mamba-2, {options.layers} mixers (24 heads x head_dim 64 x state 128, chunk 256), hidden 768",
+        harness.medians(runs, options.lengths, options.repeats),
+        [("values", "plain"), ("chunk1", "plain"), ("states", "plain"), ("states", "chunk1")],
     )
-    print(
-        f"{'tokens':>7}"
-        + "".join(f" {name:>8}" for name in RUNS)
-        + f" {'values/plain':>13} {'chunk1/plain':>13} {'states/plain':>13} {'states/chunk1':>14}"
-    )
-    for n in options.lengths:
-        t = {name: median[name, n] for name in RUNS}
-        print(
-            f"{n:>7}"
-            + "".join(f" {t[name]:>8.3f}" for name in RUNS)
-            + f" {t['values'] / t['plain']:>12.2f}x {t['chunk1'] / t['plain']:>12.2f}x"
-            + f" {t['states'] / t['plain']:>12.2f}x {t['states'] / t['chunk1']:>13.2f}x"
-        )
 
 
 if __name__ == "__main__":

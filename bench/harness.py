@@ -1,0 +1,107 @@
+"""What the model benchmarks share: their options, identical random-weight models, and the ratio table.
+
+Every run of a benchmark is timed in turn, length by length and repeat by repeat,
+so the noise of a shared machine falls on all of them alike; the medians' ratios
+are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from nnterp import StandardizedTransformer
+from nnterp.testing import local_tokenizer
+
+#: One timed run: it takes the prompt length.
+Run = Callable[[int], None]
+
+
+def options(description: str, layers: int | None = None) -> argparse.Namespace:
+    """Parse ``--lengths``, ``--repeats``, ``--threads`` (and ``--layers`` when a default is given)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    if layers is not None:
+        parser.add_argument("--layers", type=int, default=layers)
+    parsed = parser.parse_args()
+    if parsed.threads:
+        torch.set_num_threads(parsed.threads)
+    return parsed
+
+
+def twins(model_type: str, config: dict, copies: int = 2, **load: object) -> list[torch.nn.Module]:
+    """``copies`` identical random-weight models of ``model_type``, in eval mode."""
+    models = []
+    for _ in range(copies):
+        torch.manual_seed(0)
+        models.append(AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config), **load).eval())
+    return models
+
+
+def standardized(module: torch.nn.Module) -> StandardizedTransformer:
+    """A StandardizedTransformer over ``module``, with a local tokenizer of its vocabulary."""
+    return StandardizedTransformer(module, tokenizer=local_tokenizer(module.config.vocab_size))
+
+
+def token_ids(lengths: Iterable[int], vocab_size: int) -> dict[int, torch.Tensor]:
+    """A random prompt of each length, the same on every run."""
+    return {n: torch.randint(3, vocab_size, (1, n), generator=torch.Generator().manual_seed(n)) for n in lengths}
+
+
+def forward(module: torch.nn.Module, ids: dict[int, torch.Tensor]) -> Run:
+    """The plain transformers forward."""
+
+    def run(n: int) -> None:
+        with torch.no_grad():
+            module(ids[n])
+
+    return run
+
+
+def read(model: StandardizedTransformer, mixers: list, values: Iterable[str], ids: dict[int, torch.Tensor]) -> Run:
+    """A trace reading ``values`` on every mixer (a value that is ``None``, a prompt's state_input, is skipped)."""
+    values = tuple(values)
+
+    def run(n: int) -> None:
+        with torch.no_grad(), model.trace(ids[n]):
+            for mixer in mixers:
+                for name in values:
+                    value = getattr(mixer, name)
+                    if value is not None:
+                        value.save()
+
+    return run
+
+
+def medians(runs: dict[str, Run], lengths: Iterable[int], repeats: int) -> dict[tuple[str, int], float]:
+    """Each run's median time per length; every run goes once untimed first (compiling the traced forwards)."""
+    times: dict[tuple[str, int], list[float]] = {}
+    for n in lengths:
+        for run in runs.values():
+            run(n)
+        for _ in range(repeats):
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run(n)
+                times.setdefault((name, n), []).append(time.perf_counter() - start)
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
+def table(title: str, times: dict[tuple[str, int], float], ratios: Iterable[tuple[str, str]]) -> None:
+    """Print the medians and the ratios ``a/b``, a row per prompt length."""
+    names = list(dict.fromkeys(name for name, _ in times))
+    lengths = list(dict.fromkeys(n for _, n in times))
+    ratios = list(ratios)
+    print(f"{title}, {torch.get_num_threads()} thread(s), median (seconds)")
+    header = f"{'tokens':>7}" + "".join(f" {name:>8}" for name in names)
+    print(header + "".join(f" {f'{a}/{b}':>14}" for a, b in ratios))
+    for n in lengths:
+        row = f"{n:>7}" + "".join(f" {times[name, n]:>8.3f}" for name in names)
+        print(row + "".join(f" {times[a, n] / times[b, n]:>13.2f}x" for a, b in ratios))
