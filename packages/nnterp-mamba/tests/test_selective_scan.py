@@ -167,3 +167,11 @@ def test_the_plugin_adds_its_names_to_nnterp():
     assert nnterp.SelectiveScan is SelectiveScan
     assert nnterp.needs_token_loop is needs_token_loop
     assert nnterp.families.jamba.MODEL_TYPES == ("jamba",)
+
+
+def test_state_output_of_a_prompt_run_without_a_cache_says_how_to_get_it():
+    model = tiny_standardized("mamba")
+    mixer = model.layers[0].linear_attn
+    with pytest.raises(Unavailable, match="without a cache .*use_cache=True"):
+        with model.trace(PROMPT, use_cache=False):
+            mixer.state_output.save()

@@ -17,6 +17,10 @@ UNROUTED = (
     "until the kernel names are routed; call nnterp.route_kernels(model.family, 'torch') before the first trace "
     "that touches this mixer"
 )
+NO_FINAL_STATE = (
+    "this prompt ran without a cache (use_cache=False), so the scan returns no final state; trace with "
+    "use_cache=True, or read states[:, -1] after nnterp.route_kernels(model.family, 'torch')"
+)
 NOT_ON_A_PROMPT = (
     "state_input on {path}: a prompt's scan starts from zeros and takes no state to replace; write the state "
     "after a token instead (set_state_after(t, value), or mix.state under tracer.iter[t])"
@@ -147,12 +151,8 @@ class SelectiveScan(RecurrentMixer):
         """The call's length: the scan's x is [batch, channels, seq]; the update takes one token."""
         return 1 if self.decoding() else args[0].shape[2]
 
-    def _arguments(self) -> tuple[tuple, dict]:
-        """The kernel call's ``(args, kwargs)``, read once per call."""
-        return per_call(self, "arguments", lambda: getattr(self.source, type(self).KERNEL(self)).inputs)
-
     def _argument(self, name: str) -> Any:
-        args, kwargs = self._arguments()
+        args, kwargs = self.call_arguments()
         place = self.ARGUMENTS[name][self.decoding()]
         return kwargs[place] if isinstance(place, str) else args[place]
 
@@ -258,6 +258,8 @@ class SelectiveScan(RecurrentMixer):
     def _state_output_key(self) -> str:
         if self.decoding():
             return self._inside(self.UPDATED_STATE)
+        if not self.call_arguments()[1].get("return_last_state", False):
+            raise Unavailable(f"state_output on {self.path}: {NO_FINAL_STATE}")
         return kernel("output")(self)
 
     @EProperty(_state_output_key, unavailable=needs_torch_kernels, select=lambda envoy: None if envoy.decoding() else 1)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from nnterp import DerivedEProperty, EProperty, Unavailable, unavailable
-from nnterp.components.recurrent import RecurrentMixer, kernel, needs_torch_kernels, per_call
+from nnterp.components.recurrent import RecurrentMixer, kernel, needs_torch_kernels
 from nnterp.descriptor import resolve
 from nnterp.layouts import Gates, SSDHeadOutputs, SSDKeys, SSDQueries, SSDState, SSDStates, SSDValues
 
@@ -184,36 +184,23 @@ class StateSpace(RecurrentMixer):
 
     def _argument(self, name: str) -> Any:
         """The argument ``name`` of the kernel call that fires on this call (read once per call)."""
-        args, kwargs = self._arguments()
+        args, kwargs = self.call_arguments()
         where = self._argument_table()[name]
         return kwargs.get(where) if isinstance(where, str) else args[where]
-
-    def _arguments(self) -> tuple[tuple, dict]:
-        """The kernel call's ``(args, kwargs)``, read once per call at the first need."""
-        return per_call(self, "arguments", lambda: getattr(self.source, type(self).KERNEL(self)).inputs)
-
-    def _kernel_body(self, label: str) -> str:
-        """The path to the operations inside ``label``'s body, after the call's arguments.
-
-        The call's arguments are read first: once the worker is inside the
-        kernel they are behind it, and a later value of the call may need them.
-        """
-        self._arguments()
-        return self.kernel_body(label)
 
     def _kernel_path(self, attribute: str) -> str:
         """Where a value is served on this call: at the prompt's scan call, or inside the decode step's update."""
         cls = type(self)
         if self._decoding():
             operation = {"output": cls.STEP_OUTPUT, "state": cls.UPDATED_STATE}[attribute]
-            return f"{self._kernel_body(cls.RECURRENT_KERNEL)}.{operation}.output"
+            return f"{self.kernel_body(cls.RECURRENT_KERNEL)}.{operation}.output"
         if attribute == "state" and not self._returns_state():
-            return f"{self._kernel_body(cls.CHUNK_KERNEL)}.{cls.FINAL_STATE}.output"
+            return f"{self.kernel_body(cls.CHUNK_KERNEL)}.{cls.FINAL_STATE}.output"
         return f"source.{cls.CHUNK_KERNEL}.output"
 
     def _returns_state(self) -> bool:
         """Whether the prompt's scan returns its final state (it does when the model runs with a cache)."""
-        return bool(self._arguments()[1].get("return_final_states", False))
+        return bool(self.call_arguments()[1].get("return_final_states", False))
 
     def _state_selection(self) -> int | None:
         return 1 if not self._decoding() and self._returns_state() else None
@@ -239,7 +226,7 @@ class StateSpace(RecurrentMixer):
         dt_bias, A = self._argument("dt_bias"), self._argument("A")
         if self._decoding():
             return dt_bias[..., 0], A[:, 0, 0], NO_LIMIT
-        return dt_bias, A, self._arguments()[1].get("dt_limit", NO_LIMIT)
+        return dt_bias, A, self.call_arguments()[1].get("dt_limit", NO_LIMIT)
 
     def _betas(self, dt: torch.Tensor) -> torch.Tensor:
         """The step size the kernel computes from its raw dt argument, tokens first."""
@@ -384,9 +371,7 @@ class StateSpace(RecurrentMixer):
         """The state after every token of this call, [batch, seq, mixer_heads, state_dim, head_dim]; needs nnterp.chunk_per_token(model)."""
         if self._decoding():
             return self.state_output.unsqueeze(1)
-        node, attribute = resolve(
-            self, f"{self._kernel_body(type(self).CHUNK_KERNEL)}.{type(self).CHUNK_STATES}.output"
-        )
+        node, attribute = resolve(self, f"{self.kernel_body(type(self).CHUNK_KERNEL)}.{type(self).CHUNK_STATES}.output")
         boundaries = getattr(node, attribute)
         return boundaries[:, 1:].transpose(-1, -2)
 

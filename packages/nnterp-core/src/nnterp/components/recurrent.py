@@ -444,14 +444,21 @@ class RecurrentMixer(Standard):
 
         return per_call(envoy, "kernel", choose)
 
+    def call_arguments(self) -> tuple[tuple, dict]:
+        """The ``(args, kwargs)`` of the kernel call that fires on this call of the mixer, read once per call."""
+        return per_call(self, "arguments", lambda: getattr(self.source, type(self).KERNEL(self)).inputs)
+
     def kernel_body(self, label: str) -> str:
         """The path to the operations inside the body of kernel ``label``, for a key.
 
         ``source.<label>.source`` where the name is bound to the pure-torch
         function (routed); one call deeper where it is still bound to
         transformers' hub dispatcher, whose wrapper calls the body as
-        ``DISPATCHED``.
+        ``DISPATCHED``. The call's arguments are read first: once the worker is
+        inside the kernel they are behind it, and a later value of the same
+        call may need them (``call_arguments``).
         """
+        self.call_arguments()
         bound = bound_kernel(self, label)
         body = f"source.{label}.source"
         return body if bound is dispatch(bound).torch_function else f"{body}.{self.DISPATCHED}.source"
@@ -491,7 +498,7 @@ class RecurrentMixer(Standard):
         def locate() -> tuple[Any, int, int]:
             label = type(self).KERNEL(self)
             call = getattr(self.source, label)
-            args, kwargs = call.inputs
+            args, kwargs = self.call_arguments()
             name = self._state_op(label)
             first = Mediator.current(name).occurrence(f"{call.path}.source.{name}.output")
             return getattr(call.source, name), first, self._seq(args, kwargs)
