@@ -8,8 +8,6 @@ from nnterp_ssd.testing import SSDSuite
 
 class TestFalconH1(LayerSuite, AttentionSuite, SSDSuite):
     family = "falcon_h1"
-    # The block runs its mixer before its attention.
-    CONTRIBUTIONS = (("linear_attn", "attention_output"), ("self_attn", "attention_output"), ("mlp", "mlp_output"))
 
     def test_contributions_are_the_scaled_outputs(self) -> None:
         model = self.model

@@ -66,7 +66,10 @@ def support(out: TextIO, model_id: str | None) -> int:
 
 
 def suite_for(family: ModuleType, model: Any) -> type:
-    """The conformance suite class of a family: core's layer suite plus the suite of every standard envoy ``model`` has."""
+    """The conformance suite class of a family: core's layer suite plus the suite of every standard envoy ``model`` has.
+
+    ``model`` (a tiny model of the family) only says which envoys the family uses; the suite builds its own.
+    """
     from .testing import LayerSuite
 
     envoy_types = {type(envoy) for envoy in model.modules()}
@@ -74,24 +77,36 @@ def suite_for(family: ModuleType, model: Any) -> type:
     for envoy_class, suite in REGISTRY.suites().items():
         if suite not in suites and any(issubclass(kind, envoy_class) for kind in envoy_types):
             suites.append(suite)
-    return type(f"Check_{family_name(family)}", tuple(suites), {"family": family_name(family), "model": model})
+    return type(f"Check_{family_name(family)}", tuple(suites), {"family": family_name(family)})
 
 
 def run_suite(suite: type, progress: Callable[[int, int], None]) -> tuple[int, int, list[tuple[str, str]]]:
-    """Run every ``test_*`` of a suite class on its model: (passed, skipped, [(test, error)])."""
+    """Run every ``test_*`` of a suite class as pytest would, between its setup_class and teardown_class.
+
+    Returns (passed, skipped, [(test, error)]).
+    """
     tests = sorted(name for name in dir(suite) if name.startswith("test_"))
     passed, skipped, failures = 0, 0, []
-    instance = suite()
-    for index, name in enumerate(tests):
-        try:
-            getattr(instance, name)()
-        except unittest.SkipTest:
-            skipped += 1
-        except Exception:
-            failures.append((name, traceback.format_exc(limit=-3)))
-        else:
-            passed += 1
-        progress(index + 1, len(tests))
+    try:
+        suite.setup_class()
+    except Exception:
+        return 0, 0, [("setup_class", traceback.format_exc(limit=-3))]
+    try:
+        instance = suite()
+        for index, name in enumerate(tests):
+            try:
+                getattr(instance, name)()
+            except unittest.SkipTest:
+                skipped += 1
+            except Exception:
+                failures.append((name, traceback.format_exc(limit=-3)))
+            else:
+                passed += 1
+            progress(index + 1, len(tests))
+    finally:
+        teardown = getattr(suite, "teardown_class", None)
+        if teardown is not None:
+            teardown()
     return passed, skipped, failures
 
 
@@ -114,6 +129,7 @@ def check(out: TextIO, names: list[str]) -> int:
     from .testing import tiny_standardized
 
     logging.disable_progress_bar()
+    logging.set_verbosity_error()  # transformers' notes that it runs its pure-torch kernels: that is the point here
     families = (
         [REGISTRY.family(name) for name in names] if names else [f for _, f in sorted(REGISTRY.families().items())]
     )

@@ -30,7 +30,9 @@ def nnterp_families() -> list[ModuleType]:
     ``rename=``, merged over core's common spellings), ``TINY_CONFIG`` (kwargs
     for ``AutoConfig.for_model(MODEL_TYPES[0], **TINY_CONFIG)`` that build a
     random-weight model in well under a second) and, optionally, ``MODELING``
-    (the transformers modeling module its kernels live in). It is reachable as
+    (the transformers modeling module its kernels live in) and ``CONTRIBUTIONS``
+    (the ``(module, value)`` contributions of a block in the order its forward
+    makes them, where that is not attention, mixer, MLP). It is reachable as
     ``nnterp.families.<last dotted name>``.
     """
 

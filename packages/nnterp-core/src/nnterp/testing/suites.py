@@ -26,6 +26,8 @@ from ..transformer import StandardizedTransformer
 from .models import save_tiny, tiny_model, tiny_standardized
 
 PROMPT = "Hello world, there"
+#: The sublayer contributions of a block, in the order a block's forward makes them unless its family says otherwise.
+CONTRIBUTIONS = (("self_attn", "attention_output"), ("linear_attn", "attention_output"), ("mlp", "mlp_output"))
 ATOL = 1e-5
 
 
@@ -60,16 +62,16 @@ class Suite:
 class LayerSuite(Suite):
     """The residual stream through every block: contributions add up, and writes reach the next block."""
 
-    #: The sublayer contributions of a block, in the order its forward produces them.
-    CONTRIBUTIONS: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("self_attn", "attention_output"),
-        ("linear_attn", "attention_output"),
-        ("mlp", "mlp_output"),
-    )
-
     def contributions(self, layer: int) -> list[tuple[str, str]]:
+        """The (module, value) contributions block ``layer`` has, in the order its forward makes them.
+
+        The family's ``CONTRIBUTIONS`` where its blocks run their sublayers in
+        another order (Falcon-H1's mixer before its attention), else
+        attention, recurrent mixer, MLP.
+        """
         block = self.model.layers[layer]
-        return [(module, value) for module, value in self.CONTRIBUTIONS if getattr(block, module, None) is not None]
+        order = getattr(self.model.family, "CONTRIBUTIONS", CONTRIBUTIONS)
+        return [(module, value) for module, value in order if getattr(block, module, None) is not None]
 
     def test_contributions_add_up_to_layer_output(self) -> None:
         model = self.model

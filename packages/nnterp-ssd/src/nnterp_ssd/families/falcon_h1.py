@@ -58,6 +58,8 @@ class FalconH1Attention(Attention):
 
 
 MODEL_TYPES = ("falcon_h1",)
+#: The block runs its mixer before its attention (the conformance suites read them in this order).
+CONTRIBUTIONS = (("linear_attn", "attention_output"), ("self_attn", "attention_output"), ("mlp", "mlp_output"))
 ENVOYS = {
     MODELING.FalconH1DecoderLayer: FalconH1Layer,
     MODELING.FalconH1Mixer: FalconH1StateSpace,
