@@ -7,9 +7,18 @@ from typing import Any
 
 import torch
 
-from nnterp import EProperty
-from nnterp.components.recurrent import RecurrentMixer, kernel, needs_torch_kernels, route_kernels
-from nnterp.layouts import ChannelGates, Gates, LinearHeadOutputs, LinearQK, LinearV, State
+from nnterp import DerivedEProperty, EProperty
+from nnterp.components.recurrent import (
+    RecurrentMixer,
+    kernel,
+    needs_kernel_call,
+    needs_torch_kernels,
+    route_kernels,
+)
+from nnterp.layouts import ChannelGates, Gates, LinearHeadOutputs, LinearQK, LinearV, State, States
+from nnterp.positions import Positions
+
+from .trajectory import delta_rule_states
 
 #: route_delta_rule's modes and the route_kernels modes they are.
 DELTA_RULE_MODES = {"recurrent": "torch", "chunked": "default"}
@@ -167,6 +176,50 @@ class LinearAttention(RecurrentMixer):
         Assigning it changes what the cache receives, not this call's output.
         """
         return value
+
+    # -- the state after every token, from the call's arguments ------------------------
+
+    def trajectory(self, positions: Positions = None, dtype: torch.dtype | None = None) -> States:
+        """The state after chosen tokens of this call, [batch, positions, heads, key_dim, value_dim], computed from its arguments.
+
+        ``state_trajectory`` with a selection: ``positions`` indexes the
+        call's tokens as ``states[:, positions]`` would (an int, a slice, a
+        list; an int drops the axis) and only those states are computed. The
+        call's queries, keys, values, gates, betas and starting state are read
+        at the kernel call and the states computed beside it in pure torch
+        (``delta_rule_states``), so it needs no routing and works with an
+        optimized kernel installed. The dtype is the kernel's (its queries')
+        unless ``dtype`` says otherwise.
+
+        It reads only the call's arguments, so it can be read before or after
+        the call's other kernel values (``state_output`` included). On a
+        decode step the starting state is the cache's buffer, which the
+        forward overwrites after the kernel returns: read it before the
+        mixer's ``attention_output``. No gradient flows through it: the computation writes into
+        its result in place, which autograd refuses.
+        """
+        args, kwargs = self.call_arguments()
+        # the forwards pass query, key and value by position and the rest by keyword
+        named = dict(zip(("query", "key", "value", "g", "beta"), args, strict=False))
+        named.update(kwargs)
+        with torch.no_grad():
+            return delta_rule_states(
+                named["query"],
+                named["key"],
+                named["value"],
+                named["g"],
+                named["beta"],
+                named.get("initial_state"),
+                positions=positions,
+                use_qk_l2norm=named.get("use_qk_l2norm_in_kernel", False),
+                dtype=dtype,
+            )
+
+    def _state_trajectory(self) -> States:
+        """The state after every token of this call, [batch, seq, heads, key_dim, value_dim], from the kernel call's arguments; no routing needed."""
+        return self.trajectory()
+
+    state_trajectory = DerivedEProperty(_state_trajectory, unavailable=needs_kernel_call)
 
 
 class KimiDeltaAttention(LinearAttention):

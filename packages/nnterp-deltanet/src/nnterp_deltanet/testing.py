@@ -34,6 +34,8 @@ BATCH = ("Hello world, there", "Hi you")
 DELTA_RULE_INPUTS = ("attention_queries", "attention_keys", "attention_values", "decays", "betas")
 #: Decode steps generate runs in the hand-off check.
 STEPS = 3
+#: How far state_trajectory may be from the token loop's states, relative to their largest entry (float32).
+TRAJECTORY_TOLERANCE = 1e-5
 
 
 @contextmanager
@@ -82,6 +84,13 @@ def reference_delta_rule(
         states.append(state)
         outputs.append((state * queries[:, t, ..., None]).sum(-2))
     return torch.stack(states, 1), torch.stack(outputs, 1)
+
+
+def close_relative(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Assert ``actual`` is ``expected`` within ``TRAJECTORY_TOLERANCE`` of its largest entry, naming ``what``."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    error = ((actual.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+    assert error <= TRAJECTORY_TOLERANCE, f"{what}: relative error {error:.2e} (tolerance {TRAJECTORY_TOLERANCE:.0e})"
 
 
 class DeltaNetSuite(Suite):
@@ -284,6 +293,64 @@ class DeltaNetSuite(Suite):
                         together.append(mixer.states.save())
             for prompt, single, invoked in zip(prompts, alone, together, strict=True):
                 close(invoked, single, what=f"layers[{layer}] states of {prompt!r} in its own invoke")
+
+    # -- the state trajectory, from the kernel call's arguments -------------------------
+
+    def test_state_trajectory_is_the_token_loops_states(self) -> None:
+        for layer in self.mixers():
+            mixer = self.model.layers[layer].linear_attn
+            with self.model.trace(PROMPT):
+                trajectory = mixer.state_trajectory.save()
+                states = mixer.states.save()
+            close_relative(trajectory, states, what=f"layers[{layer}] state_trajectory vs routed states on a prompt")
+            assert trajectory.dtype == states.dtype
+
+    def test_state_trajectory_in_a_left_padded_batch(self) -> None:
+        tokenizer = self.model.tokenizer
+        side, tokenizer.padding_side = tokenizer.padding_side, "left"
+        try:
+            for layer in self.mixers():
+                mixer = self.model.layers[layer].linear_attn
+                with self.model.trace(list(BATCH)):
+                    trajectory = mixer.state_trajectory.save()
+                    states = mixer.states.save()
+                for row, prompt in enumerate(BATCH):
+                    real = len(tokenizer(prompt).input_ids)
+                    close_relative(
+                        trajectory[row, -real:],
+                        states[row, -real:],
+                        what=f"layers[{layer}] state_trajectory of {prompt!r} in a padded batch",
+                    )
+        finally:
+            tokenizer.padding_side = side
+
+    def test_state_trajectory_on_decode_steps_continues_the_cache(self) -> None:
+        """Read after state_output, as the order of reads does not matter: the cache is overwritten after the kernel."""
+        for layer in self.mixers():
+            mixer = self.model.layers[layer].linear_attn
+            trajectories, stacks = [], []
+            with self.model.generate(PROMPT, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False) as tracer:
+                for _ in tracer.iter[:STEPS]:
+                    stacks.append(mixer.states.save())
+                    mixer.state_output.save()
+                    trajectories.append(mixer.state_trajectory.save())
+            for step, (trajectory, states) in enumerate(zip(trajectories, stacks, strict=True)):
+                close_relative(trajectory, states, what=f"layers[{layer}] step {step}: state_trajectory vs states")
+            assert trajectories[-1].shape[1] == 1, "a decode step's trajectory is one token"
+
+    def test_trajectory_positions_select_the_full_trajectory(self) -> None:
+        selections = (slice(1, None, 2), [-1, 0, 3], 2)
+        layer = self.mixers()[0]
+        mixer = self.model.layers[layer].linear_attn
+        selected: list = []  # bound outside: a name first bound inside a trace does not survive it
+        with self.model.trace(PROMPT):
+            full = mixer.state_trajectory.save()
+            selected.extend(mixer.trajectory(positions=positions).save() for positions in selections)
+            widened = mixer.trajectory(positions=-1, dtype=torch.float64).save()
+        for positions, states in zip(selections, selected, strict=True):
+            close_relative(states, full[:, positions], what=f"trajectory(positions={positions!r}) vs the full one")
+        assert widened.dtype == torch.float64
+        close_relative(widened, full[:, -1], what="trajectory(positions=-1, dtype=float64)")
 
     # -- kernels, routing and errors ----------------------------------------------------
 

@@ -9,8 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels, per_call
-from nnterp.components.recurrent import kernel, needs_recurrent_routing
+from nnterp.components.recurrent import kernel, needs_kernel_call, needs_recurrent_routing
 from nnterp.layouts import ScanDecays, ScanQK, ScanState, ScanStates, ScanSteps, ScanValues
+from nnterp.positions import Positions
+
+from .trajectory import selective_scan_states
 
 UNROUTED = (
     "the scan's token loop binds the state after every token, but it sits behind transformers' hub dispatcher "
@@ -116,6 +119,7 @@ class SelectiveScan(RecurrentMixer):
         "B": (3, 4),
         "C": (4, 5),
         "dt_bias": ("delta_bias", "dt_bias"),
+        "softplus": ("delta_softplus", "dt_softplus"),
     }
     #: Inside each kernel (scan, update): the binding of y = C . h + D * x, before the silu(z) gate.
     HEAD_OUTPUTS = ("scan_output_5", "out_1")
@@ -151,10 +155,24 @@ class SelectiveScan(RecurrentMixer):
         """The call's length: the scan's x is [batch, channels, seq]; the update takes one token."""
         return 1 if self.decoding() else args[0].shape[2]
 
-    def _argument(self, name: str) -> Any:
-        args, kwargs = self.call_arguments()
+    def call_arguments(self) -> tuple[tuple, dict]:
+        """The kernel call's ``(args, kwargs)``, once per call; on a decode step, also a copy of the state it starts from.
+
+        The update overwrites the cache's state in place, so a value computed
+        after the call (``state_trajectory`` read after ``state_output``) reads
+        the copy. The arguments are first read at the call's start, before the
+        update runs, so the copy is the entering state whatever the order of
+        reads.
+        """
+        arguments = super().call_arguments()
+        if self.decoding():
+            per_call(self, "entering_state", lambda: self._argument("state", arguments).clone())
+        return arguments
+
+    def _argument(self, name: str, arguments: tuple[tuple, dict] | None = None) -> Any:
+        args, kwargs = self.call_arguments() if arguments is None else arguments
         place = self.ARGUMENTS[name][self.decoding()]
-        return kwargs[place] if isinstance(place, str) else args[place]
+        return kwargs.get(place) if isinstance(place, str) else args[place]
 
     def _inside(self, operation: str) -> str:
         """The key of ``operation``, a binding inside the kernel that fires on this call."""
@@ -236,6 +254,8 @@ class SelectiveScan(RecurrentMixer):
         cached = self._argument("state")
         with torch.no_grad():
             cached.copy_(value)
+            # the copy state_trajectory starts from (call_arguments) follows the write
+            per_call(self, "entering_state", lambda: None).copy_(value)
         return cached
 
     def _head_outputs_key(self) -> str:
@@ -291,6 +311,52 @@ class SelectiveScan(RecurrentMixer):
         return self._states()
 
     states = DerivedEProperty(_scan_states, unavailable=needs_token_loop)
+
+    def trajectory(self, positions: Positions = None, dtype: torch.dtype | None = None) -> ScanStates:
+        """The state after chosen tokens of this call, [batch, positions, channels, state_dim], computed from its arguments.
+
+        ``state_trajectory`` with a selection: ``positions`` indexes the
+        call's tokens as ``states[:, positions]`` would (an int, a slice, a
+        list; an int drops the axis) and only those states are computed. x,
+        dt, A, B and the state the call starts from are read at the kernel
+        call and the states computed beside it in pure torch
+        (``selective_scan_states``), so it needs no routing and works with an
+        optimized kernel installed. The dtype is the kernel's (its x's) unless
+        ``dtype`` says otherwise. No gradient flows through it.
+
+        A prompt's scan starts from zeros; a decode step's update from the
+        cached state, which it then overwrites in place: the trajectory reads
+        a copy taken before the update (``call_arguments``), so it can be read
+        before or after the call's other values.
+
+        It computes from the call's arguments as recorded at the first read of
+        any of this call's values: an assigned ``state_input`` is in it, and so
+        are x, B and C assigned before anything of the call is read, but not
+        one assigned after such a read.
+        """
+        decoding = self.decoding()
+        x, dt, B = (self._argument(name) for name in ("x", "dt", "B"))
+        if decoding:
+            # the update's tensors have no sequence axis: one token, [batch, n] -> [batch, n, 1]
+            x, dt, B = (tensor.unsqueeze(-1) for tensor in (x, dt, B))
+        with torch.no_grad():
+            return selective_scan_states(
+                x,
+                dt,
+                self._argument("A"),
+                B,
+                per_call(self, "entering_state", lambda: None) if decoding else None,
+                positions=positions,
+                dt_bias=self._argument("dt_bias"),
+                softplus=bool(self._argument("softplus")),
+                dtype=dtype,
+            )
+
+    def _state_trajectory(self) -> ScanStates:
+        """The state after every token of this call, [batch, seq, channels, state_dim], from the kernel call's arguments; no routing needed."""
+        return self.trajectory()
+
+    state_trajectory = DerivedEProperty(_state_trajectory, unavailable=needs_kernel_call)
 
     def _position(self, method: str, t: int) -> tuple[Any, int]:
         reason = needs_token_loop(self)

@@ -23,6 +23,19 @@ from nnterp import route_kernels
 from nnterp.testing import PROMPT, Suite, blocks_with, close
 
 ATOL = 1e-5
+#: How far state_trajectory may be from the token loop's states, relative to their largest entry (float32).
+TRAJECTORY_TOLERANCE = 1e-5
+#: Prompts of different lengths, for the padded batch.
+BATCH = ("Hello world, there", "Hi you")
+#: Decode steps of the trajectory check.
+STEPS = 3
+
+
+def close_relative(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Assert ``actual`` is ``expected`` within ``TRAJECTORY_TOLERANCE`` of its largest entry, naming ``what``."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    error = ((actual.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+    assert error <= TRAJECTORY_TOLERANCE, f"{what}: relative error {error:.2e} (tolerance {TRAJECTORY_TOLERANCE:.0e})"
 
 
 def selective_scan_reference(
@@ -304,3 +317,72 @@ class SelectiveScanSuite(Suite):
             ATOL,
             "the next step's state_input after writing state_output",
         )
+
+    # -- the state trajectory, from the kernel call's arguments -------------------------
+
+    def test_state_trajectory_is_the_token_loops_states(self) -> None:
+        for layer in self.scan_blocks():
+            mixer = self.model.layers[layer].linear_attn
+            with self.model.trace(PROMPT):
+                trajectory = mixer.state_trajectory.save()
+                states = mixer.states.save()
+            close_relative(trajectory, states, f"layers[{layer}] state_trajectory vs routed states on a prompt")
+            assert trajectory.dtype == states.dtype
+
+    def test_state_trajectory_in_a_left_padded_batch(self) -> None:
+        tokenizer = self.model.tokenizer
+        side, tokenizer.padding_side = tokenizer.padding_side, "left"
+        try:
+            for layer in self.scan_blocks():
+                mixer = self.model.layers[layer].linear_attn
+                with self.model.trace(list(BATCH)):
+                    trajectory = mixer.state_trajectory.save()
+                    states = mixer.states.save()
+                for row, prompt in enumerate(BATCH):
+                    real = len(tokenizer(prompt).input_ids)
+                    close_relative(
+                        trajectory[row, -real:],
+                        states[row, -real:],
+                        f"layers[{layer}] state_trajectory of {prompt!r} in a padded batch",
+                    )
+        finally:
+            tokenizer.padding_side = side
+
+    def test_state_trajectory_on_decode_steps_continues_the_cache(self) -> None:
+        """Read after state_output: the update overwrites the cached state, and the trajectory starts from a copy."""
+        for layer in self.scan_blocks():
+            mixer = self.model.layers[layer].linear_attn
+            trajectories: list[torch.Tensor] = []
+            stacks: list[torch.Tensor] = []
+            with self.model.generate(PROMPT, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False) as tracer:
+                for _ in tracer.iter[:STEPS]:
+                    stacks.append(mixer.states.save())
+                    mixer.state_output.save()
+                    trajectories.append(mixer.state_trajectory.save())
+            for step, (trajectory, states) in enumerate(zip(trajectories, stacks, strict=True)):
+                close_relative(trajectory, states, f"layers[{layer}] step {step}: state_trajectory vs states")
+            assert trajectories[-1].shape[1] == 1, "a decode step's trajectory is one token"
+
+    def test_state_trajectory_starts_from_a_written_state_input(self) -> None:
+        layer = self.scan_blocks()[0]
+        mixer = self.model.layers[layer].linear_attn
+        step: dict[str, torch.Tensor] = {}
+        with self.model.generate(PROMPT, max_new_tokens=2, do_sample=False) as tracer:
+            for _ in tracer.iter[1]:
+                mixer.state_input = torch.full_like(mixer.state_input, 0.25)
+                step["leaving"] = mixer.state_output.save()
+                step["trajectory"] = mixer.state_trajectory.save()
+        close_relative(step["trajectory"][:, 0], step["leaving"], "state_trajectory after a state_input write")
+
+    def test_trajectory_positions_select_the_full_trajectory(self) -> None:
+        selections = (slice(1, None, 2), [-1, 0, 3], 2)
+        mixer = self.model.layers[self.scan_blocks()[0]].linear_attn
+        selected: list[torch.Tensor] = []  # bound outside: a name first bound inside a trace does not survive it
+        with self.model.trace(PROMPT):
+            full = mixer.state_trajectory.save()
+            selected.extend(mixer.trajectory(positions=positions).save() for positions in selections)
+            widened = mixer.trajectory(positions=-1, dtype=torch.float64).save()
+        for positions, states in zip(selections, selected, strict=True):
+            close_relative(states, full[:, positions], f"trajectory(positions={positions!r}) vs the full one")
+        assert widened.dtype == torch.float64
+        close_relative(widened, full[:, -1], "trajectory(positions=-1, dtype=float64)")

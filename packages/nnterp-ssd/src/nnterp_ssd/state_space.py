@@ -9,9 +9,18 @@ import torch
 import torch.nn.functional as F
 
 from nnterp import DerivedEProperty, EProperty, Unavailable, unavailable
-from nnterp.components.recurrent import RecurrentMixer, kernel, needs_torch_kernels
+from nnterp.components.recurrent import (
+    RecurrentMixer,
+    kernel,
+    needs_kernel_call,
+    needs_torch_kernels,
+    per_call,
+)
 from nnterp.descriptor import resolve
 from nnterp.layouts import Gates, SSDHeadOutputs, SSDKeys, SSDQueries, SSDState, SSDStates, SSDValues
+from nnterp.positions import Positions
+
+from .trajectory import ssd_states
 
 NO_STATE_OCCURRENCES = (
     "the chunk scan computes every token's state in one tensor per call, not one occurrence per token to walk "
@@ -146,8 +155,18 @@ class StateSpace(RecurrentMixer):
         "C": 4,
         "dt_bias": "dt_bias",
         "state": "initial_states",
+        "softplus": "dt_softplus",
     }
-    RECURRENT_ARGUMENTS = {"state": 0, "hidden_states": 1, "dt": 2, "A": 3, "B": 4, "C": 5, "dt_bias": "dt_bias"}
+    RECURRENT_ARGUMENTS = {
+        "state": 0,
+        "hidden_states": 1,
+        "dt": 2,
+        "A": 3,
+        "B": 4,
+        "C": 5,
+        "dt_bias": "dt_bias",
+        "softplus": "dt_softplus",
+    }
     #: The config attribute the mixer's chunk size is built from (chunk_per_token(enabled=False) restores it).
     CHUNK_SIZE_CONFIG = "chunk_size"
 
@@ -182,9 +201,23 @@ class StateSpace(RecurrentMixer):
     def _argument_table(self) -> dict[str, int | str]:
         return self.RECURRENT_ARGUMENTS if self._decoding() else self.CHUNK_ARGUMENTS
 
-    def _argument(self, name: str) -> Any:
+    def call_arguments(self) -> tuple[tuple, dict]:
+        """The kernel call's ``(args, kwargs)``, once per call; on a decode step, also a copy of the state it starts from.
+
+        The update overwrites the cache's state in place, so a value computed
+        after the call (``state_trajectory`` read after ``state_output``) reads
+        the copy. The arguments are first read at the call's start, before the
+        update runs, so the copy is the entering state whatever the order of
+        reads.
+        """
+        arguments = super().call_arguments()
+        if self._decoding():
+            per_call(self, "entering_state", lambda: self._argument("state", arguments).clone())
+        return arguments
+
+    def _argument(self, name: str, arguments: tuple[tuple, dict] | None = None) -> Any:
         """The argument ``name`` of the kernel call that fires on this call (read once per call)."""
-        args, kwargs = self.call_arguments()
+        args, kwargs = self.call_arguments() if arguments is None else arguments
         where = self._argument_table()[name]
         return kwargs.get(where) if isinstance(where, str) else args[where]
 
@@ -328,11 +361,16 @@ class StateSpace(RecurrentMixer):
     @state_input.postprocess
     def state_input(self, value: torch.Tensor | None) -> torch.Tensor | None:
         if not self._decoding():
-            return None if value is None else value.transpose(-1, -2)
+            starting = None if value is None else value.transpose(-1, -2)
+            # what state_trajectory starts from: the kernel call's recorded arguments keep the replaced one
+            per_call(self, "entering_state", lambda: starting)
+            return starting
         if value is None:
             raise ValueError("a decode step continues the cached state: assign a tensor to state_input, not None")
         buffer = self._argument("state")
         buffer.copy_(value.transpose(-1, -2))
+        # the copy state_trajectory starts from (call_arguments) follows the write
+        per_call(self, "entering_state", lambda: None).copy_(buffer)
         return buffer
 
     @EProperty(_kernel_key("output"), unavailable=needs_torch_kernels)
@@ -376,6 +414,55 @@ class StateSpace(RecurrentMixer):
         return boundaries[:, 1:].transpose(-1, -2)
 
     states = DerivedEProperty(_states, unavailable=needs_per_token_chunks)
+
+    def trajectory(self, positions: Positions = None, dtype: torch.dtype | None = None) -> SSDStates:
+        """The state after chosen tokens of this call, [batch, positions, mixer_heads, state_dim, head_dim], computed from its arguments.
+
+        ``state_trajectory`` with a selection: ``positions`` indexes the
+        call's tokens as ``states[:, positions]`` would (an int, a slice, a
+        list; an int drops the axis) and only those states are computed. x,
+        dt, A, B, the gate's bias, softplus and limit, and the state the call
+        starts from are read at the kernel call and the states computed beside
+        it in pure torch (``ssd_states``), whatever the mixer's chunk size, so
+        it needs no ``chunk_per_token`` and works with an optimized kernel
+        installed. The dtype is the kernel's (its x's) unless ``dtype`` says
+        otherwise. No gradient flows through it.
+
+        A decode step's update overwrites the cached state in place: the
+        trajectory reads a copy taken before the update (``call_arguments``),
+        so it can be read before or after the call's other values.
+
+        It computes from the call's arguments as recorded at the first read of
+        any of this call's values: an assigned ``state_input`` is in it, and so
+        are queries, keys and values assigned before anything of the call is
+        read; an assigned ``betas`` or ``decays`` is not (its assignment reads
+        the arguments first).
+        """
+        dt_bias, A, dt_limit = self._gate_inputs()
+        x, dt, B = (self._argument(name) for name in ("hidden_states", "dt", "B"))
+        if self._decoding():
+            # the update's tensors have no sequence axis, and its dt is repeated over head_dim
+            x, dt, B = self._tokens(x), self._tokens(dt[..., 0]), self._tokens(B)
+        initial = per_call(self, "entering_state", lambda: self._argument("state"))
+        with torch.no_grad():
+            return ssd_states(
+                x,
+                dt,
+                A,
+                B,
+                initial,
+                positions=positions,
+                dt_bias=dt_bias,
+                softplus=bool(self._argument("softplus")),
+                dt_limit=dt_limit,
+                dtype=dtype,
+            )
+
+    def _state_trajectory(self) -> SSDStates:
+        """The state after every token of this call, [batch, seq, mixer_heads, state_dim, head_dim], from the kernel call's arguments; no chunk_per_token needed."""
+        return self.trajectory()
+
+    state_trajectory = DerivedEProperty(_state_trajectory, unavailable=needs_kernel_call)
 
     def state_after(self, t: int) -> SSDState:
         """The state after token ``t`` of this call, [batch, mixer_heads, state_dim, head_dim]: ``states[:, t]``."""

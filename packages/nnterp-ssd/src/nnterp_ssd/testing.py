@@ -32,6 +32,17 @@ RESULT_VALUES = ("states", "state_output", "attention_head_outputs")
 
 #: Decode steps the generate checks take after the prompt.
 DECODE_STEPS = 2
+#: How far state_trajectory may be from the chunk_per_token states, relative to their largest entry (float32).
+TRAJECTORY_TOLERANCE = 1e-5
+#: Prompts of different lengths, for the padded batch.
+BATCH = ("Hello world, there", "Hi you")
+
+
+def close_relative(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Assert ``actual`` is ``expected`` within ``TRAJECTORY_TOLERANCE`` of its largest entry, naming ``what``."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    error = ((actual.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+    assert error <= TRAJECTORY_TOLERANCE, f"{what}: relative error {error:.2e} (tolerance {TRAJECTORY_TOLERANCE:.0e})"
 
 
 def ssd_reference(
@@ -329,6 +340,92 @@ class SSDSuite(Suite):
         assert torch.equal(steps[2]["state_input"], steps[1]["state_output"]), (
             "the cache did not keep the step's new state"
         )
+
+    # -- the state trajectory, from the kernel call's arguments -------------------------
+
+    def trajectories_and_states(self, prompt: str | list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every mixer block's state_trajectory at the model's own chunk size, and its states under chunk_per_token."""
+        blocks = self.mixer_blocks()
+        trajectories: list[torch.Tensor] = []
+        states: list[torch.Tensor] = []
+        with self.model.trace(prompt):
+            trajectories.extend(self.model.layers[layer].linear_attn.state_trajectory.save() for layer in blocks)
+        with self.per_token(), self.model.trace(prompt):
+            states.extend(self.model.layers[layer].linear_attn.states.save() for layer in blocks)
+        return list(zip(trajectories, states, strict=True))
+
+    def test_state_trajectory_is_the_per_token_chunks_states(self) -> None:
+        for layer, (trajectory, states) in zip(self.mixer_blocks(), self.trajectories_and_states(PROMPT), strict=True):
+            close_relative(trajectory, states, f"layers[{layer}] state_trajectory vs chunk_per_token states")
+            assert trajectory.dtype == states.dtype
+
+    def test_state_trajectory_in_a_left_padded_batch(self) -> None:
+        tokenizer = self.model.tokenizer
+        side, tokenizer.padding_side = tokenizer.padding_side, "left"
+        try:
+            pairs = self.trajectories_and_states(list(BATCH))
+            for layer, (trajectory, states) in zip(self.mixer_blocks(), pairs, strict=True):
+                for row, prompt in enumerate(BATCH):
+                    real = len(tokenizer(prompt).input_ids)
+                    close_relative(
+                        trajectory[row, -real:],
+                        states[row, -real:],
+                        f"layers[{layer}] state_trajectory of {prompt!r} in a padded batch",
+                    )
+        finally:
+            tokenizer.padding_side = side
+
+    def test_state_trajectory_on_decode_steps_continues_the_cache(self) -> None:
+        """Read after state_output: the update overwrites the cached state, and the trajectory starts from a copy."""
+        layer = self.mixer_blocks()[0]
+        mixer = self.model.layers[layer].linear_attn
+        trajectories: list[torch.Tensor] = []
+        stacks: list[torch.Tensor] = []
+        steps = DECODE_STEPS + 1
+        with self.per_token(), self.model.generate(PROMPT, max_new_tokens=steps, do_sample=False) as tracer:
+            for _ in tracer.iter[:steps]:
+                stacks.append(mixer.states.save())
+                trajectories.append(mixer.state_trajectory.save())
+        for step, (trajectory, states) in enumerate(zip(trajectories, stacks, strict=True)):
+            close_relative(trajectory, states, f"layers[{layer}] step {step}: state_trajectory vs states")
+        assert trajectories[-1].shape[1] == 1, "a decode step's trajectory is one token"
+
+    def test_state_trajectory_starts_from_a_written_state_input(self) -> None:
+        torch.manual_seed(0)
+        mixer = self.model.layers[self.mixer_blocks()[0]].linear_attn
+        start = torch.randn(1, mixer.mixer_heads, mixer.state_dim, mixer.head_dim)
+        step: dict[str, torch.Tensor] = {}
+        with self.model.generate(PROMPT, max_new_tokens=2, do_sample=False) as tracer:
+            for _ in tracer.iter[1]:
+                mixer.state_input = start
+                step["leaving"] = mixer.state_output.save()
+                step["trajectory"] = mixer.state_trajectory.save()
+        close_relative(
+            step["trajectory"][:, 0], step["leaving"], "state_trajectory after a decode step's state_input write"
+        )
+        with self.model.trace(PROMPT):
+            mixer.attention_queries.save()  # the call's arguments are recorded before the write
+            mixer.state_input = start
+            step["prompt_trajectory"] = mixer.state_trajectory.save()
+            step["prompt_leaving"] = mixer.state_output.save()
+        close_relative(
+            step["prompt_trajectory"][:, -1],
+            step["prompt_leaving"],
+            "state_trajectory after a prompt's state_input write",
+        )
+
+    def test_trajectory_positions_select_the_full_trajectory(self) -> None:
+        selections = (slice(1, None, 2), [-1, 0, 3], 2)
+        mixer = self.model.layers[self.mixer_blocks()[0]].linear_attn
+        selected: list[torch.Tensor] = []  # bound outside: a name first bound inside a trace does not survive it
+        with self.model.trace(PROMPT):
+            full = mixer.state_trajectory.save()
+            selected.extend(mixer.trajectory(positions=positions).save() for positions in selections)
+            widened = mixer.trajectory(positions=-1, dtype=torch.float64).save()
+        for positions, states in zip(selections, selected, strict=True):
+            close_relative(states, full[:, positions], f"trajectory(positions={positions!r}) vs the full one")
+        assert widened.dtype == torch.float64
+        close_relative(widened, full[:, -1], "trajectory(positions=-1, dtype=float64)")
 
     # -- what is not there -------------------------------------------------------------
 

@@ -183,13 +183,26 @@ def _token_loop(envoy: "RecurrentMixer") -> Callable:
     return dispatch(bound_kernel(envoy, loop_label)).torch_function
 
 
+def needs_kernel_call(envoy: "RecurrentMixer") -> str | None:
+    """Why a value computed from the kernel call's arguments is unavailable, or ``None``: the forward makes no such call.
+
+    The arguments are read at the call in the mixer's own forward, whatever
+    the kernel's name is bound to (routed, transformers' default, or an
+    optimized package's kernel), so this is the only reason.
+    """
+    for label in (type(envoy).CHUNK_KERNEL, type(envoy).RECURRENT_KERNEL):
+        if bound_kernel(envoy, label) is None:
+            return f"{type(envoy._module).__name__}'s forward calls no {function_name(label)}"
+    return None
+
+
 def needs_torch_kernels(envoy: "RecurrentMixer") -> str | None:
     """Why a recurrent mixer's kernel values are unavailable, or ``None``: the kernel has no Python source to read inside."""
+    reason = needs_kernel_call(envoy)
+    if reason is not None:
+        return reason
     for label in (type(envoy).CHUNK_KERNEL, type(envoy).RECURRENT_KERNEL):
-        bound = bound_kernel(envoy, label)
-        if bound is None:
-            return f"{type(envoy._module).__name__}'s forward calls no {function_name(label)}"
-        dispatched = dispatch(bound)
+        dispatched = dispatch(bound_kernel(envoy, label))
         if dispatched.implementation is not dispatched.torch_function:
             return (
                 f"read inside transformers' pure-torch {function_name(label)}, but this process dispatches it to "
