@@ -110,6 +110,7 @@ class SelectiveScan(RecurrentMixer):
     RECURRENT_KERNEL = "mamba_selective_state_update_0"
     STATE_OP = "ssm_state_3"
     STEP_STATE_OP = "ssm_state_0"
+    DECODE_STATE = 0
     #: Each argument's place (position or keyword) in the scan's call and in the update's.
     ARGUMENTS = {
         "state": (None, 0),
@@ -146,28 +147,9 @@ class SelectiveScan(RecurrentMixer):
 
     # -- the call --------------------------------------------------------------------
 
-    def decoding(self) -> bool:
-        """Whether this call of the mixer is a decode step (the update over the cached state) rather than a scan."""
-        cls = type(self)
-        return cls.KERNEL(self) == cls.RECURRENT_KERNEL
-
     def _seq(self, args: tuple, kwargs: dict) -> int:
         """The call's length: the scan's x is [batch, channels, seq]; the update takes one token."""
         return 1 if self.decoding() else args[0].shape[2]
-
-    def call_arguments(self) -> tuple[tuple, dict]:
-        """The kernel call's ``(args, kwargs)``, once per call; on a decode step, also a copy of the state it starts from.
-
-        The update overwrites the cache's state in place, so a value computed
-        after the call (``state_trajectory`` read after ``state_output``) reads
-        the copy. The arguments are first read at the call's start, before the
-        update runs, so the copy is the entering state whatever the order of
-        reads.
-        """
-        arguments = super().call_arguments()
-        if self.decoding():
-            per_call(self, "entering_state", lambda: self._argument("state", arguments).clone())
-        return arguments
 
     def _argument(self, name: str, arguments: tuple[tuple, dict] | None = None) -> Any:
         args, kwargs = self.call_arguments() if arguments is None else arguments

@@ -138,6 +138,7 @@ class StateSpace(RecurrentMixer):
 
     CHUNK_KERNEL = "mamba2_chunk_scan_0"
     RECURRENT_KERNEL = "mamba2_selective_state_update_0"
+    DECODE_STATE = 0
     #: Inside the chunk scan: the state at every chunk boundary, [batch, chunks + 1, heads, head_dim, state_dim].
     CHUNK_STATES = "new_states_0"
     #: Inside the chunk scan: its last boundary state, what it returns as the final state.
@@ -194,26 +195,8 @@ class StateSpace(RecurrentMixer):
 
     # -- the call --------------------------------------------------------------------
 
-    def _decoding(self) -> bool:
-        cls = type(self)
-        return cls.KERNEL(self) == cls.RECURRENT_KERNEL
-
     def _argument_table(self) -> dict[str, int | str]:
-        return self.RECURRENT_ARGUMENTS if self._decoding() else self.CHUNK_ARGUMENTS
-
-    def call_arguments(self) -> tuple[tuple, dict]:
-        """The kernel call's ``(args, kwargs)``, once per call; on a decode step, also a copy of the state it starts from.
-
-        The update overwrites the cache's state in place, so a value computed
-        after the call (``state_trajectory`` read after ``state_output``) reads
-        the copy. The arguments are first read at the call's start, before the
-        update runs, so the copy is the entering state whatever the order of
-        reads.
-        """
-        arguments = super().call_arguments()
-        if self._decoding():
-            per_call(self, "entering_state", lambda: self._argument("state", arguments).clone())
-        return arguments
+        return self.RECURRENT_ARGUMENTS if self.decoding() else self.CHUNK_ARGUMENTS
 
     def _argument(self, name: str, arguments: tuple[tuple, dict] | None = None) -> Any:
         """The argument ``name`` of the kernel call that fires on this call (read once per call)."""
@@ -224,7 +207,7 @@ class StateSpace(RecurrentMixer):
     def _kernel_path(self, attribute: str) -> str:
         """Where a value is served on this call: at the prompt's scan call, or inside the decode step's update."""
         cls = type(self)
-        if self._decoding():
+        if self.decoding():
             operation = {"output": cls.STEP_OUTPUT, "state": cls.UPDATED_STATE}[attribute]
             return f"{self.kernel_body(cls.RECURRENT_KERNEL)}.{operation}.output"
         if attribute == "state" and not self._returns_state():
@@ -236,17 +219,17 @@ class StateSpace(RecurrentMixer):
         return bool(self.call_arguments()[1].get("return_final_states", False))
 
     def _state_selection(self) -> int | None:
-        return 1 if not self._decoding() and self._returns_state() else None
+        return 1 if not self.decoding() and self._returns_state() else None
 
     # -- layouts -----------------------------------------------------------------------
 
     def _tokens(self, value: torch.Tensor) -> torch.Tensor:
         """A kernel tensor with the sequence axis the decode step's update does not have (a view)."""
-        return value.unsqueeze(1) if self._decoding() else value
+        return value.unsqueeze(1) if self.decoding() else value
 
     def _kernel_tensor(self, value: torch.Tensor) -> torch.Tensor:
         """An assigned tokens-first tensor in the kernel's layout: without the sequence axis on a decode step."""
-        if self._decoding():
+        if self.decoding():
             if value.shape[1] != 1:
                 raise ValueError(
                     f"a decode step has one token: assign a tensor with 1 on axis 1, not {tuple(value.shape)}"
@@ -257,14 +240,14 @@ class StateSpace(RecurrentMixer):
     def _gate_inputs(self) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]]:
         """(dt_bias, A, dt_limit) per head as the kernel applies them to dt."""
         dt_bias, A = self._argument("dt_bias"), self._argument("A")
-        if self._decoding():
+        if self.decoding():
             return dt_bias[..., 0], A[:, 0, 0], NO_LIMIT
         return dt_bias, A, self.call_arguments()[1].get("dt_limit", NO_LIMIT)
 
     def _betas(self, dt: torch.Tensor) -> torch.Tensor:
         """The step size the kernel computes from its raw dt argument, tokens first."""
         dt_bias, _, (low, high) = self._gate_inputs()
-        raw = dt[..., 0] if self._decoding() else dt
+        raw = dt[..., 0] if self.decoding() else dt
         betas = F.softplus(raw + dt_bias.to(raw.dtype)).clamp(low, high)
         return self._tokens(betas)
 
@@ -272,7 +255,7 @@ class StateSpace(RecurrentMixer):
         """The raw dt argument for which the kernel computes ``betas``, in the kernel's layout."""
         dt_bias, _, _ = self._gate_inputs()
         raw = (_inverse_softplus(self._kernel_tensor(betas)) - dt_bias.float()).to(dt.dtype)
-        return raw[..., None].expand_as(dt) if self._decoding() else raw
+        return raw[..., None].expand_as(dt) if self.decoding() else raw
 
     # -- values at the kernel call -------------------------------------------------------
 
@@ -360,7 +343,7 @@ class StateSpace(RecurrentMixer):
 
     @state_input.postprocess
     def state_input(self, value: torch.Tensor | None) -> torch.Tensor | None:
-        if not self._decoding():
+        if not self.decoding():
             starting = None if value is None else value.transpose(-1, -2)
             # what state_trajectory starts from: the kernel call's recorded arguments keep the replaced one
             per_call(self, "entering_state", lambda: starting)
@@ -407,7 +390,7 @@ class StateSpace(RecurrentMixer):
 
     def _states(self) -> SSDStates:
         """The state after every token of this call, [batch, seq, mixer_heads, state_dim, head_dim]; needs nnterp.chunk_per_token(model)."""
-        if self._decoding():
+        if self.decoding():
             return self.state_output.unsqueeze(1)
         node, attribute = resolve(self, f"{self.kernel_body(type(self).CHUNK_KERNEL)}.{type(self).CHUNK_STATES}.output")
         boundaries = getattr(node, attribute)
@@ -440,7 +423,7 @@ class StateSpace(RecurrentMixer):
         """
         dt_bias, A, dt_limit = self._gate_inputs()
         x, dt, B = (self._argument(name) for name in ("hidden_states", "dt", "B"))
-        if self._decoding():
+        if self.decoding():
             # the update's tensors have no sequence axis, and its dt is repeated over head_dim
             x, dt, B = self._tokens(x), self._tokens(dt[..., 0]), self._tokens(B)
         initial = per_call(self, "entering_state", lambda: self._argument("state"))

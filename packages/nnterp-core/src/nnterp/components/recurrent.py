@@ -421,6 +421,8 @@ class RecurrentMixer(Standard):
     DISPATCHED: str = "implementation_0"
     #: What needs_recurrent_routing says while the family's kernels are not routed.
     ROUTE_HINT: str = ROUTE_HINT
+    #: Where the decode kernel takes the cached state it overwrites in place (a position or keyword), or ``None``.
+    DECODE_STATE: int | str | None = None
 
     @property
     def source(self) -> Any:
@@ -457,9 +459,28 @@ class RecurrentMixer(Standard):
 
         return per_call(envoy, "kernel", choose)
 
+    def decoding(self) -> bool:
+        """Whether this call of the mixer is a decode step (the update over the cached state) rather than a prompt."""
+        cls = type(self)
+        return cls.KERNEL(self) == cls.RECURRENT_KERNEL
+
     def call_arguments(self) -> tuple[tuple, dict]:
-        """The ``(args, kwargs)`` of the kernel call that fires on this call of the mixer, read once per call."""
-        return per_call(self, "arguments", lambda: getattr(self.source, type(self).KERNEL(self)).inputs)
+        """The ``(args, kwargs)`` of the kernel call that fires on this call of the mixer, read once per call.
+
+        On a decode step of a mixer whose update overwrites the cached state in
+        place (``DECODE_STATE``), a copy of the state it starts from is kept
+        too, under ``"entering_state"``: the arguments are first read at the
+        call's start, before the update runs, so a value computed afterwards
+        (``state_trajectory`` read after ``state_output``) still sees it.
+        """
+        arguments = per_call(self, "arguments", lambda: getattr(self.source, type(self).KERNEL(self)).inputs)
+        place = type(self).DECODE_STATE
+        if place is not None and self.decoding():
+            args, kwargs = arguments
+            per_call(
+                self, "entering_state", lambda: (kwargs.get(place) if isinstance(place, str) else args[place]).clone()
+            )
+        return arguments
 
     def kernel_body(self, label: str) -> str:
         """The path to the operations inside the body of kernel ``label``, for a key.
