@@ -197,6 +197,9 @@ class EProperty(eproperty):
         if self._in_container(obj):
             value = self._place(obj, Mediator.value(location), value)
         Mediator.swap(location, value)
+        replaced = getattr(type(obj), "replaced", None)
+        if replaced is not None:
+            replaced(obj, location, value)
 
     def _location(self, obj: Envoy) -> str:
         target, attribute = resolve(obj, self.key_for(obj))

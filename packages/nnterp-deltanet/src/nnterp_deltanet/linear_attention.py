@@ -71,6 +71,8 @@ class LinearAttention(RecurrentMixer):
     CHUNK_KERNEL = "torch_chunk_gated_delta_rule_0"
     RECURRENT_KERNEL = "torch_recurrent_gated_delta_rule_0"
     STATE_OP = "last_recurrent_state_3"
+    # the cache copies the step's new state into the buffer it passed as initial_state
+    DECODE_STATE = "initial_state"
 
     # -- sizes ---------------------------------------------------------------------
 
@@ -191,12 +193,12 @@ class LinearAttention(RecurrentMixer):
         optimized kernel installed. The dtype is the kernel's (its queries')
         unless ``dtype`` says otherwise.
 
-        It reads only the call's arguments, so it can be read before or after
-        the call's other kernel values (``state_output`` included). On a
-        decode step the starting state is the cache's buffer, which the
-        forward overwrites after the kernel returns: read it before the
-        mixer's ``attention_output``. No gradient flows through it: the computation writes into
-        its result in place, which autograd refuses.
+        It reads only the call's arguments, as assigned (an assigned
+        ``attention_keys`` or ``state_input`` is in it), so it can be read
+        before or after the call's other values; a decode step starts from a
+        copy of the cached state taken before the cache overwrites it. No
+        gradient flows through it: the computation writes into its result in
+        place, which autograd refuses.
         """
         args, kwargs = self.call_arguments()
         # the forwards pass query, key and value by position and the rest by keyword
@@ -209,7 +211,7 @@ class LinearAttention(RecurrentMixer):
                 named["value"],
                 named["g"],
                 named["beta"],
-                named.get("initial_state"),
+                self.entering_state() if self.decoding() else named.get("initial_state"),
                 positions=positions,
                 use_qk_l2norm=named.get("use_qk_l2norm_in_kernel", False),
                 dtype=dtype,

@@ -236,8 +236,6 @@ class SelectiveScan(RecurrentMixer):
         cached = self._argument("state")
         with torch.no_grad():
             cached.copy_(value)
-            # the copy state_trajectory starts from (call_arguments) follows the write
-            per_call(self, "entering_state", lambda: None).copy_(value)
         return cached
 
     def _head_outputs_key(self) -> str:
@@ -308,13 +306,11 @@ class SelectiveScan(RecurrentMixer):
 
         A prompt's scan starts from zeros; a decode step's update from the
         cached state, which it then overwrites in place: the trajectory reads
-        a copy taken before the update (``call_arguments``), so it can be read
+        a copy taken before the update (``entering_state``), so it can be read
         before or after the call's other values.
 
-        It computes from the call's arguments as recorded at the first read of
-        any of this call's values: an assigned ``state_input`` is in it, and so
-        are x, B and C assigned before anything of the call is read, but not
-        one assigned after such a read.
+        It computes from the call's arguments as assigned: a ``state_input``
+        or x, B assigned before the read is in it.
         """
         decoding = self.decoding()
         x, dt, B = (self._argument(name) for name in ("x", "dt", "B"))
@@ -327,7 +323,7 @@ class SelectiveScan(RecurrentMixer):
                 dt,
                 self._argument("A"),
                 B,
-                per_call(self, "entering_state", lambda: None) if decoding else None,
+                self.entering_state() if decoding else None,
                 positions=positions,
                 dt_bias=self._argument("dt_bias"),
                 softplus=bool(self._argument("softplus")),

@@ -14,7 +14,6 @@ from nnterp.components.recurrent import (
     kernel,
     needs_kernel_call,
     needs_torch_kernels,
-    per_call,
 )
 from nnterp.descriptor import resolve
 from nnterp.layouts import Gates, SSDHeadOutputs, SSDKeys, SSDQueries, SSDState, SSDStates, SSDValues
@@ -344,16 +343,11 @@ class StateSpace(RecurrentMixer):
     @state_input.postprocess
     def state_input(self, value: torch.Tensor | None) -> torch.Tensor | None:
         if not self.decoding():
-            starting = None if value is None else value.transpose(-1, -2)
-            # what state_trajectory starts from: the kernel call's recorded arguments keep the replaced one
-            per_call(self, "entering_state", lambda: starting)
-            return starting
+            return None if value is None else value.transpose(-1, -2)
         if value is None:
             raise ValueError("a decode step continues the cached state: assign a tensor to state_input, not None")
         buffer = self._argument("state")
         buffer.copy_(value.transpose(-1, -2))
-        # the copy state_trajectory starts from (call_arguments) follows the write
-        per_call(self, "entering_state", lambda: None).copy_(buffer)
         return buffer
 
     @EProperty(_kernel_key("output"), unavailable=needs_torch_kernels)
@@ -411,22 +405,19 @@ class StateSpace(RecurrentMixer):
         installed. The dtype is the kernel's (its x's) unless ``dtype`` says
         otherwise. No gradient flows through it.
 
-        A decode step's update overwrites the cached state in place: the
-        trajectory reads a copy taken before the update (``call_arguments``),
-        so it can be read before or after the call's other values.
-
-        It computes from the call's arguments as recorded at the first read of
-        any of this call's values: an assigned ``state_input`` is in it, and so
-        are queries, keys and values assigned before anything of the call is
-        read; an assigned ``betas`` or ``decays`` is not (its assignment reads
-        the arguments first).
+        It computes from the call's arguments as assigned: a ``state_input``,
+        ``betas``, ``decays`` or x, B assigned before the read is in it. A
+        decode step's update overwrites the cached state in place: the
+        trajectory starts from a copy taken before the update
+        (``entering_state``), so it can be read before or after the call's
+        other values.
         """
         dt_bias, A, dt_limit = self._gate_inputs()
         x, dt, B = (self._argument(name) for name in ("hidden_states", "dt", "B"))
         if self.decoding():
             # the update's tensors have no sequence axis, and its dt is repeated over head_dim
             x, dt, B = self._tokens(x), self._tokens(dt[..., 0]), self._tokens(B)
-        initial = per_call(self, "entering_state", lambda: self._argument("state"))
+        initial = self.entering_state() if self.decoding() else self._argument("state")
         with torch.no_grad():
             return ssd_states(
                 x,

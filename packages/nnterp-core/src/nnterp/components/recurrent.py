@@ -86,15 +86,26 @@ def per_call(envoy: Any, key: str, compute: Callable[[], Any]) -> Any:
     Every run of every invoke has its own worker, so two invokes never share a
     record and none outlives its run.
     """
-    mediator = Mediator.current(key)
-    call = mediator.iteration or mediator.occurrence(f"{envoy.path}.output")
-    records = mediator.worker.__dict__.setdefault(RECORDS, {})
+    records, call = _records(envoy, key)
     record = records.get((envoy.path, key))
     if record is not None and record[0] == call:
         return record[1]
     value = compute()
     records[(envoy.path, key)] = (call, value)
     return value
+
+
+def replace_per_call(envoy: Any, key: str, value: Any) -> None:
+    """Make ``value`` what ``per_call(envoy, key, ...)`` returns for the rest of the current call."""
+    records, call = _records(envoy, key)
+    records[(envoy.path, key)] = (call, value)
+
+
+def _records(envoy: Any, key: str) -> tuple[dict, int]:
+    """The worker's per-call records, and the call of ``envoy``'s module they are for now."""
+    mediator = Mediator.current(key)
+    call = mediator.iteration or mediator.occurrence(f"{envoy.path}.output")
+    return mediator.worker.__dict__.setdefault(RECORDS, {}), call
 
 
 @contextmanager
@@ -421,7 +432,8 @@ class RecurrentMixer(Standard):
     DISPATCHED: str = "implementation_0"
     #: What needs_recurrent_routing says while the family's kernels are not routed.
     ROUTE_HINT: str = ROUTE_HINT
-    #: Where the decode kernel takes the cached state it overwrites in place (a position or keyword), or ``None``.
+    #: Where the decode kernel takes the cached state (a position or keyword) when the step overwrites that buffer in
+    #: place, the kernel or the cache after it; ``None`` otherwise. ``entering_state`` keeps a copy.
     DECODE_STATE: int | str | None = None
 
     @property
@@ -473,14 +485,47 @@ class RecurrentMixer(Standard):
         call's start, before the update runs, so a value computed afterwards
         (``state_trajectory`` read after ``state_output``) still sees it.
         """
-        arguments = per_call(self, "arguments", lambda: getattr(self.source, type(self).KERNEL(self)).inputs)
-        place = type(self).DECODE_STATE
-        if place is not None and self.decoding():
-            args, kwargs = arguments
-            per_call(
-                self, "entering_state", lambda: (kwargs.get(place) if isinstance(place, str) else args[place]).clone()
-            )
+        arguments = per_call(self, "arguments", lambda: self._kernel_call().inputs)
+        if self._overwrites_state():
+            per_call(self, "entering_state", lambda: self._state_argument(arguments).clone())
         return arguments
+
+    def replaced(self, location: str, value: Any) -> None:
+        """An assignment to the kernel call's arguments replaces the recorded ones: what is computed from them follows.
+
+        Called while the model waits at the call, before the kernel runs, so a
+        decode step's entering state is copied again from the new arguments.
+        """
+        if not location.startswith(f"{self.path}.source."):
+            return  # the module's own input or output: not an argument of a call inside its forward
+        call = self._kernel_call()
+        if location != type(call).inputs._location(call):
+            return
+        replace_per_call(self, "arguments", value)
+        if self._overwrites_state():
+            replace_per_call(self, "entering_state", self._state_argument(value).clone())
+
+    def entering_state(self) -> torch.Tensor:
+        """A decode step's starting state as the kernel received it: a copy taken before the update overwrites it.
+
+        For mixers with ``DECODE_STATE``, on a decode step only. It follows an
+        assignment to the state argument (``state_input``).
+        """
+        self.call_arguments()
+        return per_call(self, "entering_state", lambda: None)
+
+    def _overwrites_state(self) -> bool:
+        """Whether this call's kernel overwrites the state it is handed (a decode step of a mixer with ``DECODE_STATE``)."""
+        return type(self).DECODE_STATE is not None and self.decoding()
+
+    def _state_argument(self, arguments: tuple[tuple, dict]) -> torch.Tensor:
+        args, kwargs = arguments
+        place = type(self).DECODE_STATE
+        return kwargs.get(place) if isinstance(place, str) else args[place]
+
+    def _kernel_call(self) -> Any:
+        """The operation envoy of the kernel call that fires on this call of the mixer."""
+        return getattr(self.source, type(self).KERNEL(self))
 
     def kernel_body(self, label: str) -> str:
         """The path to the operations inside the body of kernel ``label``, for a key.

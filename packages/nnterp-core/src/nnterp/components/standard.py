@@ -39,6 +39,14 @@ class Standard(Envoy):
         if self.sourced:
             self.source
 
+    def replaced(self, location: str, value: Any) -> None:
+        """An assignment to one of this envoy's values has just put ``value`` at ``location``.
+
+        A host that keeps what it read of the running call (a recurrent mixer
+        keeps its kernel call's arguments) updates it here, so that values
+        computed later from it see the assignment.
+        """
+
     @classmethod
     def values(cls) -> dict[str, EProperty]:
         """Every standard value this envoy class declares, by name."""
