@@ -7,8 +7,8 @@ from transformers.integrations import use_kernel_func_from_hub_with_fallback
 from nnterp import route_kernels
 from nnterp.components.recurrent import ROUTE_HINT, dispatch
 from nnterp.registry import REGISTRY
-from nnterp.testing import PROMPT, blocks_with, tiny_standardized
-from nnterp_deltanet.testing import close_relative, reference_delta_rule
+from nnterp.testing import PROMPT, blocks_with, close_relative, tiny_standardized
+from nnterp_deltanet.testing import reference_delta_rule
 
 FAMILIES = ("qwen3_5_text", "kimi_linear")
 ARGUMENTS = ("attention_queries", "attention_keys", "attention_values", "decays", "betas")

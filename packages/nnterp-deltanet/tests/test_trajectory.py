@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from transformers.models.kimi_linear import modeling_kimi_linear
 from transformers.models.qwen3_5 import modeling_qwen3_5
 
+from nnterp.testing.recurrent import POSITION_IDS, POSITIONS, check_positions, close_relative
 from nnterp_deltanet import trajectory
 from nnterp_deltanet.trajectory import delta_rule_states
 
@@ -62,11 +63,6 @@ def token_loop_states(query, key, value, g, beta, state, per_channel=False):
     return torch.stack(states, dim=1)
 
 
-def assert_relative(actual, expected, tolerance=1e-5):
-    error = ((actual.float() - expected).abs().max() / expected.abs().max()).item()
-    assert error <= tolerance, f"relative error {error:.2e} above {tolerance:.0e}"
-
-
 @pytest.mark.parametrize("per_channel", [False, True], ids=["gated_deltanet", "kimi_kda"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["fresh", "over_state"])
 def test_every_state_is_the_token_loops(per_channel, with_state):
@@ -74,7 +70,7 @@ def test_every_state_is_the_token_loops(per_channel, with_state):
     expected = token_loop_states(*args, per_channel=per_channel)
     states = delta_rule_states(*args)
     assert states.shape == (BATCH, SEQ, HEADS, KEY_DIM, VALUE_DIM) and states.dtype == torch.float32
-    assert_relative(states, expected)
+    close_relative(states, expected)
 
 
 def test_last_state_is_the_chunked_kernels_final_state():
@@ -90,7 +86,7 @@ def test_last_state_is_the_chunked_kernels_final_state():
         output_final_state=True,
         use_qk_l2norm_in_kernel=True,
     )
-    assert_relative(delta_rule_states(query, key, value, g, beta, state, positions=-1), final)
+    close_relative(delta_rule_states(query, key, value, g, beta, state, positions=-1), final)
 
 
 def test_betas_up_to_two_and_other_chunk_sizes():
@@ -98,19 +94,19 @@ def test_betas_up_to_two_and_other_chunk_sizes():
     args = inputs(beta_max=2.0, seed=1)
     expected = token_loop_states(*args)
     for chunk_size in (1, 16, 64, 256):
-        assert_relative(delta_rule_states(*args, chunk_size=chunk_size), expected)
+        close_relative(delta_rule_states(*args, chunk_size=chunk_size), expected)
 
 
 def test_a_long_prompt_stays_within_tolerance():
     args = inputs(seq=1000, seed=2)
-    assert_relative(delta_rule_states(*args), token_loop_states(*args))
+    close_relative(delta_rule_states(*args), token_loop_states(*args))
 
 
 def test_a_decode_step_continues_from_the_cached_state():
     query, key, value, g, beta, state = inputs(seq=1, seed=3)
     states = delta_rule_states(query, key, value, g, beta, state)
     assert states.shape == (BATCH, 1, HEADS, KEY_DIM, VALUE_DIM)
-    assert_relative(states, token_loop_states(query, key, value, g, beta, state))
+    close_relative(states, token_loop_states(query, key, value, g, beta, state))
 
 
 def test_left_padding_leaves_a_fresh_state_empty():
@@ -124,33 +120,14 @@ def test_left_padding_leaves_a_fresh_state_empty():
     states = delta_rule_states(query, key, value, g, beta)
     assert not states[1, :padding].any()
     row = (t[1:, padding:] for t in (query, key, value, g, beta))
-    assert_relative(states[1:, padding:], delta_rule_states(*row))
-    assert_relative(states, token_loop_states(query, key, value, g, beta, None))
+    close_relative(states[1:, padding:], delta_rule_states(*row))
+    close_relative(states, token_loop_states(query, key, value, g, beta, None))
 
 
-@pytest.mark.parametrize(
-    "positions",
-    [
-        5,
-        -1,
-        slice(None, None, 64),
-        slice(10, 140, 7),
-        slice(None, None, -9),
-        [149, 3, 64, 3, -2],
-        torch.tensor([63, 0, 64]),
-        [],
-    ],
-    ids=["int", "negative", "every_64th", "range", "reversed", "list", "tensor", "none"],
-)
+@pytest.mark.parametrize("positions", POSITIONS, ids=POSITION_IDS)
 def test_positions_select_as_indexing_would(positions):
     args = inputs(seed=5)
-    every = delta_rule_states(*args)
-    selected = delta_rule_states(*args, positions=positions)
-    # torch refuses a negative slice step, which a range (and this selection) takes
-    expected = every[:, list(range(SEQ)[positions])] if isinstance(positions, slice) else every[:, positions]
-    assert selected.shape == expected.shape
-    if expected.numel():
-        assert_relative(selected, expected, tolerance=1e-6)
+    check_positions(lambda **selection: delta_rule_states(*args, **selection), positions)
 
 
 def test_blocks_bound_the_memory_not_the_states(monkeypatch):
@@ -160,9 +137,9 @@ def test_blocks_bound_the_memory_not_the_states(monkeypatch):
     single = tuple(tensor[:1] for tensor in args)  # every argument has the batch axis first
     expected_single = delta_rule_states(*single)
     monkeypatch.setattr(trajectory, "BLOCK_ELEMENTS", 1)
-    assert_relative(delta_rule_states(*args), expected, tolerance=1e-6)
-    assert_relative(delta_rule_states(*single), expected_single, tolerance=1e-6)
-    assert_relative(
+    close_relative(delta_rule_states(*args), expected, tolerance=1e-6)
+    close_relative(delta_rule_states(*single), expected_single, tolerance=1e-6)
+    close_relative(
         delta_rule_states(*args, positions=[149, 3, 64, 3, -2]), expected[:, [149, 3, 64, 3, -2]], tolerance=1e-6
     )
 
@@ -178,5 +155,5 @@ def test_dtype_follows_the_kernels_inputs():
     in_bf16 = delta_rule_states(*args, positions=slice(None, None, 10))
     in_float32 = delta_rule_states(*args, positions=slice(None, None, 10), dtype=torch.float32)
     assert in_bf16.dtype == torch.bfloat16 and in_float32.dtype == torch.float32
-    assert_relative(in_float32, expected[:, ::10])
+    close_relative(in_float32, expected[:, ::10])
     assert torch.equal(in_bf16, in_float32.to(torch.bfloat16))

@@ -7,9 +7,9 @@ from transformers.integrations import use_kernel_func_from_hub_with_fallback
 from nnterp import route_kernels
 from nnterp.components.recurrent import dispatch
 from nnterp.registry import REGISTRY
-from nnterp.testing import PROMPT, blocks_with, tiny_standardized
+from nnterp.testing import PROMPT, blocks_with, close_relative, tiny_standardized
 from nnterp_mamba.selective_scan import UNROUTED
-from nnterp_mamba.testing import close_relative, selective_scan_reference
+from nnterp_mamba.testing import selective_scan_reference
 
 ARGUMENTS = ("attention_values", "betas", "decays", "attention_keys", "attention_queries")
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers.models.mamba import modeling_mamba
 
+from nnterp.testing.recurrent import POSITION_IDS, POSITIONS, check_positions, close_relative
 from nnterp_mamba.trajectory import selective_scan_states
 
 # The pure-torch bodies, past the hub dispatcher (which would pick mamba_ssm's compiled kernels if installed).
@@ -50,23 +51,18 @@ def states_of(x, dt, A, B, state, dt_bias, **options):
     return selective_scan_states(x, dt, A, B, state, dt_bias=dt_bias, **options)
 
 
-def assert_relative(actual, expected, tolerance=1e-5):
-    error = ((actual.float() - expected).abs().max() / expected.abs().max()).item()
-    assert error <= tolerance, f"relative error {error:.2e} above {tolerance:.0e}"
-
-
 @pytest.mark.parametrize("with_state", [False, True], ids=["fresh", "over_state"])
 def test_every_state_is_the_token_loops(with_state):
     args = inputs(with_state=with_state)
     states = states_of(*args)
     assert states.shape == (BATCH, SEQ, CHANNELS, STATE_DIM) and states.dtype == torch.float32
-    assert_relative(states, token_loop_states(*args))
+    close_relative(states, token_loop_states(*args))
 
 
 def test_last_state_is_the_scans_returned_state():
     x, dt, A, B, _, dt_bias = inputs(seq=200)
     _, final = SCAN(x, dt, A, B, B, delta_bias=dt_bias, delta_softplus=True, return_last_state=True)
-    assert_relative(states_of(x, dt, A, B, None, dt_bias, positions=-1), final)
+    close_relative(states_of(x, dt, A, B, None, dt_bias, positions=-1), final)
 
 
 def test_large_steps_and_other_chunk_sizes():
@@ -74,19 +70,19 @@ def test_large_steps_and_other_chunk_sizes():
     args = inputs(step_shift=5.0, seed=1)
     expected = token_loop_states(*args)
     for chunk_size in (1, 7, 64, 256):
-        assert_relative(states_of(*args, chunk_size=chunk_size), expected)
+        close_relative(states_of(*args, chunk_size=chunk_size), expected)
 
 
 def test_a_long_prompt_stays_within_tolerance():
     args = inputs(seq=1000, seed=2)
-    assert_relative(states_of(*args), token_loop_states(*args))
+    close_relative(states_of(*args), token_loop_states(*args))
 
 
 def test_a_decode_step_continues_from_the_cached_state():
     args = inputs(seq=1, seed=3)
     states = states_of(*args)
     assert states.shape == (BATCH, 1, CHANNELS, STATE_DIM)
-    assert_relative(states, token_loop_states(*args))
+    close_relative(states, token_loop_states(*args))
 
 
 def test_left_padding_leaves_a_fresh_state_empty():
@@ -99,35 +95,16 @@ def test_left_padding_leaves_a_fresh_state_empty():
     B[1, :, :padding] = 0
     states = states_of(x, dt, A, B, None, dt_bias)
     assert not states[1, :padding].any()
-    assert_relative(
+    close_relative(
         states[1:, padding:], states_of(x[1:, :, padding:], dt[1:, :, padding:], A, B[1:, :, padding:], None, dt_bias)
     )
-    assert_relative(states, token_loop_states(x, dt, A, B, None, dt_bias))
+    close_relative(states, token_loop_states(x, dt, A, B, None, dt_bias))
 
 
-@pytest.mark.parametrize(
-    "positions",
-    [
-        5,
-        -1,
-        slice(None, None, 64),
-        slice(10, 140, 7),
-        slice(None, None, -9),
-        [149, 3, 64, 3, -2],
-        torch.tensor([63, 0, 64]),
-        [],
-    ],
-    ids=["int", "negative", "every_64th", "range", "reversed", "list", "tensor", "none"],
-)
+@pytest.mark.parametrize("positions", POSITIONS, ids=POSITION_IDS)
 def test_positions_select_as_indexing_would(positions):
     args = inputs(seed=5)
-    every = states_of(*args)
-    selected = states_of(*args, positions=positions)
-    # torch refuses a negative slice step, which a range (and this selection) takes
-    expected = every[:, list(range(SEQ)[positions])] if isinstance(positions, slice) else every[:, positions]
-    assert selected.shape == expected.shape
-    if expected.numel():
-        assert_relative(selected, expected, tolerance=1e-6)
+    check_positions(lambda **selection: states_of(*args, **selection), positions)
 
 
 def test_positions_outside_the_call_are_refused():
@@ -141,5 +118,5 @@ def test_dtype_follows_the_kernels_inputs():
     in_bf16 = states_of(*args, positions=slice(None, None, 10))
     in_float32 = states_of(*args, positions=slice(None, None, 10), dtype=torch.float32)
     assert in_bf16.dtype == torch.bfloat16 and in_float32.dtype == torch.float32
-    assert_relative(in_float32, expected[:, ::10])
+    close_relative(in_float32, expected[:, ::10])
     assert torch.equal(in_bf16, in_float32.to(torch.bfloat16))

@@ -7,8 +7,8 @@ from transformers.integrations import use_kernel_func_from_hub_with_fallback
 from nnterp import route_kernels
 from nnterp.components.recurrent import dispatch
 from nnterp.registry import REGISTRY
-from nnterp.testing import PROMPT, blocks_with, tiny_standardized
-from nnterp_ssd.testing import ARGUMENT_VALUES, close_relative, ssd_reference
+from nnterp.testing import PROMPT, blocks_with, close_relative, tiny_standardized
+from nnterp_ssd.testing import ARGUMENT_VALUES, ssd_reference
 
 
 @pytest.mark.parametrize("family", ["mamba2", "falcon_h1"])

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers.models.mamba2 import modeling_mamba2
 
+from nnterp.testing.recurrent import POSITION_IDS, POSITIONS, check_positions, close_relative
 from nnterp_ssd import trajectory
 from nnterp_ssd.trajectory import ssd_states
 
@@ -56,17 +57,12 @@ def states_of(x, dt, A, B, state, dt_bias, **options):
     return ssd_states(x, dt, A, B, state, dt_bias=dt_bias, **options)
 
 
-def assert_relative(actual, expected, tolerance=1e-5):
-    error = ((actual.float() - expected).abs().max() / expected.abs().max()).item()
-    assert error <= tolerance, f"relative error {error:.2e} above {tolerance:.0e}"
-
-
 @pytest.mark.parametrize("with_state", [False, True], ids=["fresh", "over_state"])
 def test_every_state_is_the_token_loops(with_state):
     args = inputs(with_state=with_state)
     states = states_of(*args)
     assert states.shape == (BATCH, SEQ, HEADS, STATE_DIM, HEAD_DIM) and states.dtype == torch.float32
-    assert_relative(states, token_loop_states(*args))
+    close_relative(states, token_loop_states(*args))
 
 
 def scan_final_states(x, dt, A, B, state, dt_bias, ends, **options):
@@ -87,7 +83,7 @@ def test_states_are_the_chunk_scans_final_states_under_a_step_limit():
     args = inputs(seq=40, seed=1)
     limit = (0.01, 0.05)
     states = states_of(*args, dt_limit=limit, chunk_size=16)
-    assert_relative(states[:, [0, 16, 39]], scan_final_states(*args, (1, 17, 40), dt_limit=limit))
+    close_relative(states[:, [0, 16, 39]], scan_final_states(*args, (1, 17, 40), dt_limit=limit))
 
 
 def test_large_steps_and_other_chunk_sizes():
@@ -95,19 +91,19 @@ def test_large_steps_and_other_chunk_sizes():
     args = inputs(step_shift=5.0, seed=2)
     expected = token_loop_states(*args)
     for chunk_size in (1, 7, 64, 256):
-        assert_relative(states_of(*args, chunk_size=chunk_size), expected)
+        close_relative(states_of(*args, chunk_size=chunk_size), expected)
 
 
 def test_a_long_prompt_stays_within_tolerance():
     args = inputs(seq=1000, seed=3)
-    assert_relative(states_of(*args), token_loop_states(*args))
+    close_relative(states_of(*args), token_loop_states(*args))
 
 
 def test_a_decode_step_continues_from_the_cached_state():
     args = inputs(seq=1, seed=4)
     states = states_of(*args)
     assert states.shape == (BATCH, 1, HEADS, STATE_DIM, HEAD_DIM)
-    assert_relative(states, token_loop_states(*args))
+    close_relative(states, token_loop_states(*args))
 
 
 def test_left_padding_leaves_a_fresh_state_empty():
@@ -120,35 +116,16 @@ def test_left_padding_leaves_a_fresh_state_empty():
     B[1, :padding] = 0
     states = states_of(x, dt, A, B, None, dt_bias)
     assert not states[1, :padding].any()
-    assert_relative(
+    close_relative(
         states[1:, padding:], states_of(x[1:, padding:], dt[1:, padding:], A, B[1:, padding:], None, dt_bias)
     )
-    assert_relative(states, token_loop_states(x, dt, A, B, None, dt_bias))
+    close_relative(states, token_loop_states(x, dt, A, B, None, dt_bias))
 
 
-@pytest.mark.parametrize(
-    "positions",
-    [
-        5,
-        -1,
-        slice(None, None, 64),
-        slice(10, 140, 7),
-        slice(None, None, -9),
-        [149, 3, 64, 3, -2],
-        torch.tensor([63, 0, 64]),
-        [],
-    ],
-    ids=["int", "negative", "every_64th", "range", "reversed", "list", "tensor", "none"],
-)
+@pytest.mark.parametrize("positions", POSITIONS, ids=POSITION_IDS)
 def test_positions_select_as_indexing_would(positions):
     args = inputs(seed=6)
-    every = states_of(*args)
-    selected = states_of(*args, positions=positions)
-    # torch refuses a negative slice step, which a range (and this selection) takes
-    expected = every[:, list(range(SEQ)[positions])] if isinstance(positions, slice) else every[:, positions]
-    assert selected.shape == expected.shape
-    if expected.numel():
-        assert_relative(selected, expected, tolerance=1e-6)
+    check_positions(lambda **selection: states_of(*args, **selection), positions)
 
 
 def test_blocks_bound_the_memory_not_the_states(monkeypatch):
@@ -159,9 +136,9 @@ def test_blocks_bound_the_memory_not_the_states(monkeypatch):
     single = (x[:1], dt[:1], A, B[:1], state[:1], dt_bias)
     expected_single = states_of(*single)
     monkeypatch.setattr(trajectory, "BLOCK_ELEMENTS", 1)
-    assert_relative(states_of(*args), expected, tolerance=1e-6)
-    assert_relative(states_of(*single), expected_single, tolerance=1e-6)
-    assert_relative(states_of(*args, positions=[149, 3, 64, 3, -2]), expected[:, [149, 3, 64, 3, -2]], tolerance=1e-6)
+    close_relative(states_of(*args), expected, tolerance=1e-6)
+    close_relative(states_of(*single), expected_single, tolerance=1e-6)
+    close_relative(states_of(*args, positions=[149, 3, 64, 3, -2]), expected[:, [149, 3, 64, 3, -2]], tolerance=1e-6)
 
 
 def test_positions_outside_the_call_are_refused():
@@ -176,5 +153,5 @@ def test_dtype_follows_the_kernels_inputs():
     in_bf16 = states_of(*args, positions=slice(None, None, 10))
     in_float32 = states_of(*args, positions=slice(None, None, 10), dtype=torch.float32)
     assert in_bf16.dtype == torch.bfloat16 and in_float32.dtype == torch.float32
-    assert_relative(in_float32, expected)
+    close_relative(in_float32, expected)
     assert torch.equal(in_bf16, in_float32.to(torch.bfloat16))

@@ -23,19 +23,14 @@ import torch
 from nnterp import RecurrentMixer, Unavailable, route_kernels
 from nnterp.components.recurrent import ROUTE_HINT, TRACED_BEFORE_ROUTING, dispatch, function_name, modeling_module
 from nnterp.registry import REGISTRY
-from nnterp.testing import PROMPT, Suite, blocks_with, close, tiny_standardized
+from nnterp.testing import PROMPT, RecurrentMixerSuite, close, tiny_standardized
+from nnterp.testing.recurrent import BATCH, STEPS
 
 from .blocks import MissingMixer
 from .linear_attention import route_delta_rule
 
-#: Prompts of different lengths, for the padded batch.
-BATCH = ("Hello world, there", "Hi you")
 #: The kernel arguments the reference delta rule is computed from, in its order.
 DELTA_RULE_INPUTS = ("attention_queries", "attention_keys", "attention_values", "decays", "betas")
-#: Decode steps generate runs in the hand-off check.
-STEPS = 3
-#: How far state_trajectory may be from the token loop's states, relative to their largest entry (float32).
-TRAJECTORY_TOLERANCE = 1e-5
 
 
 @contextmanager
@@ -86,15 +81,10 @@ def reference_delta_rule(
     return torch.stack(states, 1), torch.stack(outputs, 1)
 
 
-def close_relative(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """Assert ``actual`` is ``expected`` within ``TRAJECTORY_TOLERANCE`` of its largest entry, naming ``what``."""
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    error = ((actual.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
-    assert error <= TRAJECTORY_TOLERANCE, f"{what}: relative error {error:.2e} (tolerance {TRAJECTORY_TOLERANCE:.0e})"
-
-
-class DeltaNetSuite(Suite):
+class DeltaNetSuite(RecurrentMixerSuite):
     """A gated DeltaNet's values: the delta rule they describe, the state after every token, and its writes."""
+
+    ASSIGNABLE = ("attention_keys", "attention_values", "decays", "betas")
 
     @classmethod
     def setup_class(cls) -> None:
@@ -104,11 +94,6 @@ class DeltaNetSuite(Suite):
     @classmethod
     def teardown_class(cls) -> None:
         route_kernels(REGISTRY.family(cls.family), "default")
-
-    def mixers(self) -> list[int]:
-        blocks = blocks_with(self.model, "linear_attn")
-        assert blocks, f"{self.family}: no block has a linear_attn"
-        return blocks
 
     def prompt_length(self) -> int:
         return len(self.model.tokenizer(PROMPT).input_ids)
@@ -126,7 +111,7 @@ class DeltaNetSuite(Suite):
 
     def test_values_have_the_documented_shapes(self) -> None:
         seq = self.prompt_length()
-        for layer in self.mixers():
+        for layer in self.recurrent_layers():
             mixer = self.model.layers[layer].linear_attn
             heads, key_dim, value_dim = mixer.mixer_heads, mixer.key_dim, mixer.value_dim
             queries, keys, values, decays, betas, entering, heads_out, leaving, output = self.read_mixer(
@@ -152,7 +137,7 @@ class DeltaNetSuite(Suite):
             assert betas.min() > 0 and betas.max() < 2
 
     def test_states_follow_the_reference_delta_rule(self) -> None:
-        for layer in self.mixers():
+        for layer in self.recurrent_layers():
             queries, keys, values, decays, betas, states, heads_out, leaving = self.read_mixer(
                 layer,
                 "attention_queries",
@@ -171,7 +156,7 @@ class DeltaNetSuite(Suite):
 
     def test_state_walks_every_token_like_states(self) -> None:
         seq = self.prompt_length()
-        for layer in self.mixers():
+        for layer in self.recurrent_layers():
             mixer = self.model.layers[layer].linear_attn
             walked: list = []
             with self.model.trace(PROMPT):
@@ -188,7 +173,7 @@ class DeltaNetSuite(Suite):
 
     def test_state_write_changes_outputs_from_its_token_on(self) -> None:
         t = 2
-        for layer in self.mixers():
+        for layer in self.recurrent_layers():
             mixer = self.model.layers[layer].linear_attn
             with self.model.trace(PROMPT):
                 leaving = mixer.state_output.save()
@@ -218,7 +203,7 @@ class DeltaNetSuite(Suite):
             )
 
     def test_queries_edit_reaches_the_kernel(self) -> None:
-        for layer in self.mixers():
+        for layer in self.recurrent_layers():
             mixer = self.model.layers[layer].linear_attn
             with self.model.trace(PROMPT):
                 mixer.attention_queries = torch.zeros_like(mixer.attention_queries)
@@ -240,7 +225,7 @@ class DeltaNetSuite(Suite):
     # -- decode steps ---------------------------------------------------------------------
 
     def test_decode_steps_continue_from_the_prompt_state(self) -> None:
-        for layer in self.mixers():
+        for layer in self.recurrent_layers():
             mixer = self.model.layers[layer].linear_attn
             with self.model.trace(PROMPT):
                 prompt_states = mixer.states.save()
@@ -266,7 +251,7 @@ class DeltaNetSuite(Suite):
         tokenizer = self.model.tokenizer
         side, tokenizer.padding_side = tokenizer.padding_side, "left"
         try:
-            for layer in self.mixers():
+            for layer in self.recurrent_layers():
                 mixer = self.model.layers[layer].linear_attn
                 with self.model.trace(list(BATCH)):
                     batched = mixer.states.save()
@@ -280,7 +265,7 @@ class DeltaNetSuite(Suite):
 
     def test_two_invokes_each_read_their_own_call(self) -> None:
         prompts = ("Hello world, there", "Hello world, where")
-        for layer in self.mixers():
+        for layer in self.recurrent_layers():
             mixer = self.model.layers[layer].linear_attn
             alone = []
             for prompt in prompts:
@@ -294,64 +279,6 @@ class DeltaNetSuite(Suite):
             for prompt, single, invoked in zip(prompts, alone, together, strict=True):
                 close(invoked, single, what=f"layers[{layer}] states of {prompt!r} in its own invoke")
 
-    # -- the state trajectory, from the kernel call's arguments -------------------------
-
-    def test_state_trajectory_is_the_token_loops_states(self) -> None:
-        for layer in self.mixers():
-            mixer = self.model.layers[layer].linear_attn
-            with self.model.trace(PROMPT):
-                trajectory = mixer.state_trajectory.save()
-                states = mixer.states.save()
-            close_relative(trajectory, states, what=f"layers[{layer}] state_trajectory vs routed states on a prompt")
-            assert trajectory.dtype == states.dtype
-
-    def test_state_trajectory_in_a_left_padded_batch(self) -> None:
-        tokenizer = self.model.tokenizer
-        side, tokenizer.padding_side = tokenizer.padding_side, "left"
-        try:
-            for layer in self.mixers():
-                mixer = self.model.layers[layer].linear_attn
-                with self.model.trace(list(BATCH)):
-                    trajectory = mixer.state_trajectory.save()
-                    states = mixer.states.save()
-                for row, prompt in enumerate(BATCH):
-                    real = len(tokenizer(prompt).input_ids)
-                    close_relative(
-                        trajectory[row, -real:],
-                        states[row, -real:],
-                        what=f"layers[{layer}] state_trajectory of {prompt!r} in a padded batch",
-                    )
-        finally:
-            tokenizer.padding_side = side
-
-    def test_state_trajectory_on_decode_steps_continues_the_cache(self) -> None:
-        """Read after state_output, as the order of reads does not matter: the cache is overwritten after the kernel."""
-        for layer in self.mixers():
-            mixer = self.model.layers[layer].linear_attn
-            trajectories, stacks = [], []
-            with self.model.generate(PROMPT, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False) as tracer:
-                for _ in tracer.iter[:STEPS]:
-                    stacks.append(mixer.states.save())
-                    mixer.state_output.save()
-                    trajectories.append(mixer.state_trajectory.save())
-            for step, (trajectory, states) in enumerate(zip(trajectories, stacks, strict=True)):
-                close_relative(trajectory, states, what=f"layers[{layer}] step {step}: state_trajectory vs states")
-            assert trajectories[-1].shape[1] == 1, "a decode step's trajectory is one token"
-
-    def test_trajectory_positions_select_the_full_trajectory(self) -> None:
-        selections = (slice(1, None, 2), [-1, 0, 3], 2)
-        layer = self.mixers()[0]
-        mixer = self.model.layers[layer].linear_attn
-        selected: list = []  # bound outside: a name first bound inside a trace does not survive it
-        with self.model.trace(PROMPT):
-            full = mixer.state_trajectory.save()
-            selected.extend(mixer.trajectory(positions=positions).save() for positions in selections)
-            widened = mixer.trajectory(positions=-1, dtype=torch.float64).save()
-        for positions, states in zip(selections, selected, strict=True):
-            close_relative(states, full[:, positions], what=f"trajectory(positions={positions!r}) vs the full one")
-        assert widened.dtype == torch.float64
-        close_relative(widened, full[:, -1], what="trajectory(positions=-1, dtype=float64)")
-
     # -- kernels, routing and errors ----------------------------------------------------
 
     def test_default_kernels_serve_the_same_values_and_refuse_states(self) -> None:
@@ -359,7 +286,7 @@ class DeltaNetSuite(Suite):
         route_kernels(family, "default")
         try:
             chunked = tiny_standardized(family, **self.load)
-            layer = self.mixers()[0]
+            layer = self.recurrent_layers()[0]
             mixer = chunked.layers[layer].linear_attn
             reason = chunked.support(layer=layer)["linear_attn.states"]
             assert reason == ROUTE_HINT, f"unrouted states: support says {reason!r}"
@@ -382,7 +309,7 @@ class DeltaNetSuite(Suite):
         route_kernels(family, "default")
         try:
             late = tiny_standardized(family, **self.load)
-            mixer = late.layers[self.mixers()[0]].linear_attn
+            mixer = late.layers[self.recurrent_layers()[0]].linear_attn
             with late.trace(PROMPT):
                 mixer.attention_queries.save()
         finally:
@@ -390,7 +317,7 @@ class DeltaNetSuite(Suite):
                 warnings.simplefilter("always")
                 route_kernels(family, "torch")
         assert any("already traced" in str(warning.message) for warning in caught), "no warning about a traced mixer"
-        assert late.support(layer=self.mixers()[0])["linear_attn.states"] == TRACED_BEFORE_ROUTING
+        assert late.support(layer=self.recurrent_layers()[0])["linear_attn.states"] == TRACED_BEFORE_ROUTING
         with raises_unavailable(TRACED_BEFORE_ROUTING):
             with late.trace(PROMPT):
                 mixer.states.save()
@@ -399,7 +326,7 @@ class DeltaNetSuite(Suite):
         from transformers.integrations import use_kernel_func_from_hub_with_fallback
 
         family = REGISTRY.family(self.family)
-        layer = self.mixers()[0]
+        layer = self.recurrent_layers()[0]
         mixer_class = type(self.model.layers[layer].linear_attn)
         module_class = next(key for key, value in family.ENVOYS.items() if value is mixer_class)
         modeling = modeling_module(module_class)
@@ -427,7 +354,7 @@ class DeltaNetSuite(Suite):
 
     def test_state_index_outside_the_call_raises(self) -> None:
         seq = self.prompt_length()
-        mixer = self.model.layers[self.mixers()[0]].linear_attn
+        mixer = self.model.layers[self.recurrent_layers()[0]].linear_attn
         for t in (seq, -seq - 1):
             try:
                 with self.model.trace(PROMPT):
@@ -439,7 +366,7 @@ class DeltaNetSuite(Suite):
 
     def test_route_kernels_rejects_bad_arguments_and_leaves_bindings(self) -> None:
         family = REGISTRY.family(self.family)
-        mixer_class = type(self.model.layers[self.mixers()[0]].linear_attn)
+        mixer_class = type(self.model.layers[self.recurrent_layers()[0]].linear_attn)
         module_class = next(key for key, value in family.ENVOYS.items() if value is mixer_class)
         modeling = modeling_module(module_class)
         names = [function_name(label) for label in (mixer_class.CHUNK_KERNEL, mixer_class.RECURRENT_KERNEL)]
@@ -462,7 +389,7 @@ class DeltaNetSuite(Suite):
         assert {name: getattr(modeling, name) for name in names} == before, "routing by modeling module differs"
 
     def test_attention_block_has_no_linear_attn(self) -> None:
-        attention = [i for i in range(self.model.num_layers) if i not in self.mixers()]
+        attention = [i for i in range(self.model.num_layers) if i not in self.recurrent_layers()]
         if not attention:
             raise unittest.SkipTest("every block is a DeltaNet block")
         block = self.model.layers[attention[0]]
@@ -473,4 +400,4 @@ class DeltaNetSuite(Suite):
             assert isinstance(error, Unavailable) and "self_attn" in str(error)
         else:
             raise AssertionError("an attention block served a linear_attn")
-        assert isinstance(self.model.layers[self.mixers()[0]].linear_attn, RecurrentMixer)
+        assert isinstance(self.model.layers[self.recurrent_layers()[0]].linear_attn, RecurrentMixer)

@@ -14,28 +14,14 @@ and a state written at token t against the outputs before and after t.
 
 from __future__ import annotations
 
-import unittest
 from typing import ClassVar
 
 import torch
 
 from nnterp import route_kernels
-from nnterp.testing import PROMPT, Suite, blocks_with, close
+from nnterp.testing import PROMPT, RecurrentMixerSuite, close
 
 ATOL = 1e-5
-#: How far state_trajectory may be from the token loop's states, relative to their largest entry (float32).
-TRAJECTORY_TOLERANCE = 1e-5
-#: Prompts of different lengths, for the padded batch.
-BATCH = ("Hello world, there", "Hi you")
-#: Decode steps of the trajectory check.
-STEPS = 3
-
-
-def close_relative(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """Assert ``actual`` is ``expected`` within ``TRAJECTORY_TOLERANCE`` of its largest entry, naming ``what``."""
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    error = ((actual.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
-    assert error <= TRAJECTORY_TOLERANCE, f"{what}: relative error {error:.2e} (tolerance {TRAJECTORY_TOLERANCE:.0e})"
 
 
 def selective_scan_reference(
@@ -67,9 +53,11 @@ def selective_scan_reference(
     return torch.stack(states, 1), torch.stack(outputs, 1)
 
 
-class SelectiveScanSuite(Suite):
+class SelectiveScanSuite(RecurrentMixerSuite):
     """A Mamba-1 mixer's values agree with the selective scan they come from, on a prompt and a decode step."""
 
+    # a prompt's scan starts from zeros: a starting state is only a decode step's
+    PROMPT_STATE_INPUT = False
     prompt_values: ClassVar[dict[int, dict[str, torch.Tensor]]]
 
     @classmethod
@@ -81,12 +69,6 @@ class SelectiveScanSuite(Suite):
     @classmethod
     def teardown_class(cls) -> None:
         route_kernels(cls.model.family, "default")
-
-    def scan_blocks(self) -> list[int]:
-        blocks = blocks_with(self.model, "linear_attn")
-        if not blocks:
-            raise unittest.SkipTest("the model has no Mamba-1 mixer")
-        return blocks
 
     def seq_len(self) -> int:
         return len(self.model.tokenizer(PROMPT).input_ids)
@@ -116,7 +98,7 @@ class SelectiveScanSuite(Suite):
 
     def test_shapes_follow_the_layouts(self) -> None:
         seq = self.seq_len()
-        for layer in self.scan_blocks():
+        for layer in self.recurrent_layers():
             mixer = self.model.layers[layer].linear_attn
             values = self.read_prompt(layer)
             channels, state_dim = mixer.channels, mixer.state_dim
@@ -137,7 +119,7 @@ class SelectiveScanSuite(Suite):
                 )
 
     def test_states_match_a_reference_scan_of_the_served_values(self) -> None:
-        for layer in self.scan_blocks():
+        for layer in self.recurrent_layers():
             values = self.read_prompt(layer)
             D = self.model.layers[layer].linear_attn._module.D.detach()
             states, y = selective_scan_reference(
@@ -147,13 +129,13 @@ class SelectiveScanSuite(Suite):
             close(values["y"], y, ATOL, f"layers[{layer}] attention_head_outputs vs C . h + D * x")
 
     def test_betas_are_positive_and_decays_non_positive(self) -> None:
-        for layer in self.scan_blocks():
+        for layer in self.recurrent_layers():
             values = self.read_prompt(layer)
             assert (values["betas"] > 0).all(), f"layers[{layer}] a step size is not positive"
             assert (values["decays"] <= 0).all(), f"layers[{layer}] a log decay is positive"
 
     def test_last_state_is_state_output(self) -> None:
-        for layer in self.scan_blocks():
+        for layer in self.recurrent_layers():
             values = self.read_prompt(layer)
             assert torch.equal(values["states"][:, -1], values["state_output"]), (
                 f"layers[{layer}] states[:, -1] != state_output"
@@ -161,7 +143,7 @@ class SelectiveScanSuite(Suite):
 
     def test_state_after_token_is_that_tokens_state(self) -> None:
         seq = self.seq_len()
-        layer = self.scan_blocks()[0]
+        layer = self.recurrent_layers()[0]
         mixer = self.model.layers[layer].linear_attn
         walked: list[torch.Tensor] = []
         with self.model.trace(PROMPT) as tracer:
@@ -180,7 +162,7 @@ class SelectiveScanSuite(Suite):
     def test_state_write_changes_outputs_from_its_token_on(self) -> None:
         seq = self.seq_len()
         token = seq // 2
-        for layer in self.scan_blocks():
+        for layer in self.recurrent_layers():
             mixer = self.model.layers[layer].linear_attn
             clean = self.read_prompt(layer)
             with self.model.trace(PROMPT) as tracer:
@@ -213,7 +195,7 @@ class SelectiveScanSuite(Suite):
 
     def test_set_state_after_is_the_same_write(self) -> None:
         token = self.seq_len() // 2
-        layer = self.scan_blocks()[0]
+        layer = self.recurrent_layers()[0]
         mixer = self.model.layers[layer].linear_attn
         with self.model.trace(PROMPT) as tracer:
             for _ in tracer.iter[token]:
@@ -226,7 +208,7 @@ class SelectiveScanSuite(Suite):
         close(by_call, by_iteration, ATOL, f"layers[{layer}] set_state_after vs a write under tracer.iter")
 
     def test_zero_queries_leave_only_the_skip(self) -> None:
-        for layer in self.scan_blocks():
+        for layer in self.recurrent_layers():
             mixer = self.model.layers[layer].linear_attn
             D = mixer._module.D.detach()
             with self.model.trace(PROMPT):
@@ -236,7 +218,7 @@ class SelectiveScanSuite(Suite):
             close(y, D * x, ATOL, f"layers[{layer}] attention_head_outputs with C = 0 vs D * x")
 
     def test_in_place_edit_reaches_the_kernel(self) -> None:
-        layer = self.scan_blocks()[0]
+        layer = self.recurrent_layers()[0]
         mixer = self.model.layers[layer].linear_attn
         with self.model.trace(PROMPT):
             mixer.attention_values[:, -1] = 0
@@ -252,7 +234,7 @@ class SelectiveScanSuite(Suite):
         )
 
     def test_betas_and_decays_are_read_only(self) -> None:
-        mixer = self.model.layers[self.scan_blocks()[0]].linear_attn
+        mixer = self.model.layers[self.recurrent_layers()[0]].linear_attn
         for name in ("betas", "decays"):
             try:
                 with self.model.trace(PROMPT):
@@ -263,7 +245,7 @@ class SelectiveScanSuite(Suite):
                 raise AssertionError(f"assigning {name} did not raise")
 
     def test_mixer_adds_to_the_residual_stream(self) -> None:
-        for layer in self.scan_blocks():
+        for layer in self.recurrent_layers():
             block = self.model.layers[layer]
             with self.model.trace(PROMPT):
                 entering = block.layer_input.save()
@@ -274,7 +256,7 @@ class SelectiveScanSuite(Suite):
     # -- decoding -----------------------------------------------------------------------
 
     def test_decode_step_continues_from_the_prompts_state(self) -> None:
-        layer = self.scan_blocks()[0]
+        layer = self.recurrent_layers()[0]
         mixer = self.model.layers[layer].linear_attn
         D = mixer._module.D.detach()
         prompt_state: list[torch.Tensor] = []
@@ -303,7 +285,7 @@ class SelectiveScanSuite(Suite):
         close(step["y"], y, ATOL, "the decode step's attention_head_outputs vs one step of the scan")
 
     def test_written_state_output_is_where_the_next_step_starts(self) -> None:
-        layer = self.scan_blocks()[0]
+        layer = self.recurrent_layers()[0]
         mixer = self.model.layers[layer].linear_attn
         entering: list[torch.Tensor] = []
         with self.model.generate(PROMPT, max_new_tokens=2, do_sample=False) as tracer:
@@ -317,72 +299,3 @@ class SelectiveScanSuite(Suite):
             ATOL,
             "the next step's state_input after writing state_output",
         )
-
-    # -- the state trajectory, from the kernel call's arguments -------------------------
-
-    def test_state_trajectory_is_the_token_loops_states(self) -> None:
-        for layer in self.scan_blocks():
-            mixer = self.model.layers[layer].linear_attn
-            with self.model.trace(PROMPT):
-                trajectory = mixer.state_trajectory.save()
-                states = mixer.states.save()
-            close_relative(trajectory, states, f"layers[{layer}] state_trajectory vs routed states on a prompt")
-            assert trajectory.dtype == states.dtype
-
-    def test_state_trajectory_in_a_left_padded_batch(self) -> None:
-        tokenizer = self.model.tokenizer
-        side, tokenizer.padding_side = tokenizer.padding_side, "left"
-        try:
-            for layer in self.scan_blocks():
-                mixer = self.model.layers[layer].linear_attn
-                with self.model.trace(list(BATCH)):
-                    trajectory = mixer.state_trajectory.save()
-                    states = mixer.states.save()
-                for row, prompt in enumerate(BATCH):
-                    real = len(tokenizer(prompt).input_ids)
-                    close_relative(
-                        trajectory[row, -real:],
-                        states[row, -real:],
-                        f"layers[{layer}] state_trajectory of {prompt!r} in a padded batch",
-                    )
-        finally:
-            tokenizer.padding_side = side
-
-    def test_state_trajectory_on_decode_steps_continues_the_cache(self) -> None:
-        """Read after state_output: the update overwrites the cached state, and the trajectory starts from a copy."""
-        for layer in self.scan_blocks():
-            mixer = self.model.layers[layer].linear_attn
-            trajectories: list[torch.Tensor] = []
-            stacks: list[torch.Tensor] = []
-            with self.model.generate(PROMPT, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False) as tracer:
-                for _ in tracer.iter[:STEPS]:
-                    stacks.append(mixer.states.save())
-                    mixer.state_output.save()
-                    trajectories.append(mixer.state_trajectory.save())
-            for step, (trajectory, states) in enumerate(zip(trajectories, stacks, strict=True)):
-                close_relative(trajectory, states, f"layers[{layer}] step {step}: state_trajectory vs states")
-            assert trajectories[-1].shape[1] == 1, "a decode step's trajectory is one token"
-
-    def test_state_trajectory_starts_from_a_written_state_input(self) -> None:
-        layer = self.scan_blocks()[0]
-        mixer = self.model.layers[layer].linear_attn
-        step: dict[str, torch.Tensor] = {}
-        with self.model.generate(PROMPT, max_new_tokens=2, do_sample=False) as tracer:
-            for _ in tracer.iter[1]:
-                mixer.state_input = torch.full_like(mixer.state_input, 0.25)
-                step["leaving"] = mixer.state_output.save()
-                step["trajectory"] = mixer.state_trajectory.save()
-        close_relative(step["trajectory"][:, 0], step["leaving"], "state_trajectory after a state_input write")
-
-    def test_trajectory_positions_select_the_full_trajectory(self) -> None:
-        selections = (slice(1, None, 2), [-1, 0, 3], 2)
-        mixer = self.model.layers[self.scan_blocks()[0]].linear_attn
-        selected: list[torch.Tensor] = []  # bound outside: a name first bound inside a trace does not survive it
-        with self.model.trace(PROMPT):
-            full = mixer.state_trajectory.save()
-            selected.extend(mixer.trajectory(positions=positions).save() for positions in selections)
-            widened = mixer.trajectory(positions=-1, dtype=torch.float64).save()
-        for positions, states in zip(selections, selected, strict=True):
-            close_relative(states, full[:, positions], f"trajectory(positions={positions!r}) vs the full one")
-        assert widened.dtype == torch.float64
-        close_relative(widened, full[:, -1], "trajectory(positions=-1, dtype=float64)")

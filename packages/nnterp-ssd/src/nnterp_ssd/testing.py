@@ -22,7 +22,7 @@ import torch
 
 from nnterp import Unavailable
 from nnterp.components.recurrent import route_kernels
-from nnterp.testing import PROMPT, Suite, blocks_with, close
+from nnterp.testing import PROMPT, RecurrentMixerSuite, close
 
 from .state_space import NO_STATE_OCCURRENCES, NO_STATE_WRITES, StateSpace, chunk_per_token
 
@@ -32,17 +32,6 @@ RESULT_VALUES = ("states", "state_output", "attention_head_outputs")
 
 #: Decode steps the generate checks take after the prompt.
 DECODE_STEPS = 2
-#: How far state_trajectory may be from the chunk_per_token states, relative to their largest entry (float32).
-TRAJECTORY_TOLERANCE = 1e-5
-#: Prompts of different lengths, for the padded batch.
-BATCH = ("Hello world, there", "Hi you")
-
-
-def close_relative(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """Assert ``actual`` is ``expected`` within ``TRAJECTORY_TOLERANCE`` of its largest entry, naming ``what``."""
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    error = ((actual.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
-    assert error <= TRAJECTORY_TOLERANCE, f"{what}: relative error {error:.2e} (tolerance {TRAJECTORY_TOLERANCE:.0e})"
 
 
 def ssd_reference(
@@ -75,14 +64,14 @@ def ssd_reference(
     return torch.stack(states, dim=1), torch.stack(outputs, dim=1)
 
 
-class SSDSuite(Suite):
+class SSDSuite(RecurrentMixerSuite):
     """A Mamba-2 mixer's values: the reference recurrence, the decode hand-off, and writes that reach the kernel."""
 
-    def mixer_blocks(self) -> list[int]:
-        return blocks_with(self.model, "linear_attn")
+    ASSIGNABLE = ("attention_keys", "attention_values", "betas", "decays")
 
     @contextmanager
-    def per_token(self) -> Iterator[None]:
+    def per_token_states(self) -> Iterator[None]:
+        """Every mixer chunked one token at a time (``chunk_per_token``), where ``states`` serves every token."""
         chunk_per_token(self.model)
         try:
             yield
@@ -97,7 +86,7 @@ class SSDSuite(Suite):
         A write is a tensor, or a function of the mixer computing one in the
         trace; what was assigned is saved as ``written``.
         """
-        blocks = self.mixer_blocks()
+        blocks = self.recurrent_layers()
         saved: list[dict[str, Any]] = []
         with self.model.trace(PROMPT):
             for layer in blocks:
@@ -118,7 +107,10 @@ class SSDSuite(Suite):
         """
         mixer = self.model.layers[layer].linear_attn
         steps: list[dict[str, Any]] = []
-        with self.per_token(), self.model.generate(PROMPT, max_new_tokens=DECODE_STEPS + 1, do_sample=False) as tracer:
+        with (
+            self.per_token_states(),
+            self.model.generate(PROMPT, max_new_tokens=DECODE_STEPS + 1, do_sample=False) as tracer,
+        ):
             for step in tracer.iter[: DECODE_STEPS + 1]:
                 if write is not None and write[0] == step and write[1] in ARGUMENT_VALUES:
                     setattr(mixer, write[1], write[2])
@@ -138,7 +130,7 @@ class SSDSuite(Suite):
     def test_sizes_match_served_shapes(self) -> None:
         seq = len(self.model.tokenizer(PROMPT).input_ids)
         saved = self.read_prompt(names=ARGUMENT_VALUES + ("state_output", "attention_head_outputs"))
-        for layer, values in zip(self.mixer_blocks(), saved, strict=True):
+        for layer, values in zip(self.recurrent_layers(), saved, strict=True):
             mixer = self.model.layers[layer].linear_attn
             heads, head_dim, state_dim, groups = mixer.mixer_heads, mixer.head_dim, mixer.state_dim, mixer.groups
             assert tuple(values["attention_queries"].shape) == (1, seq, groups, state_dim)
@@ -151,9 +143,9 @@ class SSDSuite(Suite):
             assert tuple(values["attention_head_outputs"].shape) == (1, seq, heads, head_dim)
 
     def test_states_match_reference_recurrence(self) -> None:
-        with self.per_token():
+        with self.per_token_states():
             saved = self.read_prompt()
-        for layer, values in zip(self.mixer_blocks(), saved, strict=True):
+        for layer, values in zip(self.recurrent_layers(), saved, strict=True):
             states, outputs = ssd_reference(self.model.layers[layer].linear_attn, values)
             close(values["decays"], self.decays_of(layer, values["betas"]), what=f"layers[{layer}] decays vs A * betas")
             close(values["states"], states, what=f"layers[{layer}] states vs the SSD recurrence")
@@ -163,15 +155,15 @@ class SSDSuite(Suite):
             )
 
     def test_state_after_indexes_states(self) -> None:
-        mixer = self.model.layers[self.mixer_blocks()[0]].linear_attn
-        with self.per_token(), self.model.trace(PROMPT):
+        mixer = self.model.layers[self.recurrent_layers()[0]].linear_attn
+        with self.per_token_states(), self.model.trace(PROMPT):
             states = mixer.states.save()
             last = mixer.state_after(-1).save()
         assert torch.equal(last, states[:, -1])
 
     def test_chunked_scan_final_state_matches_reference(self) -> None:
         for layer, values in zip(
-            self.mixer_blocks(), self.read_prompt(names=ARGUMENT_VALUES + RESULT_VALUES[1:]), strict=True
+            self.recurrent_layers(), self.read_prompt(names=ARGUMENT_VALUES + RESULT_VALUES[1:]), strict=True
         ):
             states, outputs = ssd_reference(self.model.layers[layer].linear_attn, values)
             close(
@@ -187,15 +179,15 @@ class SSDSuite(Suite):
 
     def test_state_output_without_a_cache(self) -> None:
         """Run without a cache, the scan returns no final state; state_output is read inside it, the same state."""
-        mixer = self.model.layers[self.mixer_blocks()[0]].linear_attn
-        with self.per_token(), self.model.trace(PROMPT, use_cache=False):
+        mixer = self.model.layers[self.recurrent_layers()[0]].linear_attn
+        with self.per_token_states(), self.model.trace(PROMPT, use_cache=False):
             states = mixer.states.save()
             final = mixer.state_output.save()
         assert torch.equal(states[:, -1], final)
 
     def test_routed_kernels_serve_the_same_states(self) -> None:
         """Bound to the pure-torch kernels (what a process with mamba_ssm needs), the values are read one level up."""
-        with self.per_token():
+        with self.per_token_states():
             expected = self.read_prompt(names=("states", "state_output"))
         with warnings.catch_warnings():
             # This class's model was traced before the routing and keeps its kernels, as the warning says.
@@ -204,7 +196,7 @@ class SSDSuite(Suite):
         try:
             routed = self.build_model()
             chunk_per_token(routed)
-            mixers = [routed.layers[layer].linear_attn for layer in self.mixer_blocks()]
+            mixers = [routed.layers[layer].linear_attn for layer in self.recurrent_layers()]
             saved: list[tuple[Any, Any]] = []
             with routed.trace(PROMPT):
                 for mixer in mixers:
@@ -218,11 +210,11 @@ class SSDSuite(Suite):
     def test_chunk_per_token_is_per_model_and_restored(self) -> None:
         model = self.model
         other = self.build_model()
-        layer = self.mixer_blocks()[0]
+        layer = self.recurrent_layers()[0]
         configured = model.layers[layer].linear_attn._module.chunk_size
         with model.trace(PROMPT):
             chunked = model.logits.save()
-        with self.per_token():
+        with self.per_token_states():
             assert model.support(layer)["linear_attn.states"] is None
             assert "chunk_per_token" in other.support(layer)["linear_attn.states"], (
                 "chunk_per_token reached another model"
@@ -236,11 +228,11 @@ class SSDSuite(Suite):
     # -- writes --------------------------------------------------------------------
 
     def test_assigned_betas_reach_the_kernel(self) -> None:
-        with self.per_token():
+        with self.per_token_states():
             clean = self.read_prompt()
             # Doubled, not halved: a prompt's scan clamps betas to the mixer's time_step_limit, from below on Zamba2.
             doubled = self.read_prompt(writes={"betas": lambda mixer: mixer.betas * 2})
-        for layer, before, after in zip(self.mixer_blocks(), clean, doubled, strict=True):
+        for layer, before, after in zip(self.recurrent_layers(), clean, doubled, strict=True):
             close(after["betas"], after["written"], what=f"layers[{layer}] betas read back after the assignment")
             close(
                 after["decays"],
@@ -252,10 +244,10 @@ class SSDSuite(Suite):
             assert not torch.allclose(after["states"], before["states"]), "doubling betas left the states unchanged"
 
     def test_assigned_decays_reach_the_kernel(self) -> None:
-        with self.per_token():
+        with self.per_token_states():
             doubled = self.read_prompt(writes={"decays": lambda mixer: mixer.decays * 2})
             clean = self.read_prompt()
-        for layer, before, after in zip(self.mixer_blocks(), clean, doubled, strict=True):
+        for layer, before, after in zip(self.recurrent_layers(), clean, doubled, strict=True):
             close(after["decays"], after["written"], what=f"layers[{layer}] decays read back after the assignment")
             states, _ = ssd_reference(self.model.layers[layer].linear_attn, after)
             close(after["states"], states, what=f"layers[{layer}] states computed with the assigned decays")
@@ -263,11 +255,11 @@ class SSDSuite(Suite):
 
     def test_assigned_state_input_starts_the_prompt(self) -> None:
         torch.manual_seed(0)
-        mixer = self.model.layers[self.mixer_blocks()[0]].linear_attn
+        mixer = self.model.layers[self.recurrent_layers()[0]].linear_attn
         start = torch.randn(1, mixer.mixer_heads, mixer.state_dim, mixer.head_dim)
-        with self.per_token():
+        with self.per_token_states():
             saved = self.read_prompt(writes={"state_input": start})
-        for layer, values in zip(self.mixer_blocks(), saved, strict=True):
+        for layer, values in zip(self.recurrent_layers(), saved, strict=True):
             states, outputs = ssd_reference(self.model.layers[layer].linear_attn, values, initial=start)
             close(values["state_input"], start, what=f"layers[{layer}] state_input read back after the assignment")
             close(values["states"], states, what=f"layers[{layer}] states from the assigned state_input")
@@ -279,7 +271,7 @@ class SSDSuite(Suite):
 
     def test_zeroed_queries_leave_only_the_skip(self) -> None:
         """An assigned C reaches the kernel: with no query the output is D * x alone."""
-        blocks = self.mixer_blocks()
+        blocks = self.recurrent_layers()
         saved: list[tuple[Any, Any]] = []
         with self.model.trace(PROMPT):
             for layer in blocks:
@@ -291,7 +283,7 @@ class SSDSuite(Suite):
             close(outputs, skip[:, None] * x.float(), what=f"layers[{layer}] head outputs with zeroed queries vs D * x")
 
     def test_head_outputs_edited_in_place_change_only_their_token(self) -> None:
-        mixer = self.model.layers[self.mixer_blocks()[0]].linear_attn
+        mixer = self.model.layers[self.recurrent_layers()[0]].linear_attn
         with self.model.trace(PROMPT):
             clean = mixer.attention_output.save()
         with self.model.trace(PROMPT):
@@ -303,7 +295,7 @@ class SSDSuite(Suite):
     # -- decode ----------------------------------------------------------------------
 
     def test_decode_continues_from_the_prompt_state(self) -> None:
-        layer = self.mixer_blocks()[0]
+        layer = self.recurrent_layers()[0]
         mixer = self.model.layers[layer].linear_attn
         steps = self.read_generation(layer)
         for step in range(1, DECODE_STEPS + 1):
@@ -320,7 +312,7 @@ class SSDSuite(Suite):
             assert torch.equal(values["states"][:, 0], values["state_output"])
 
     def test_assigned_state_output_is_what_decoding_continues_from(self) -> None:
-        layer = self.mixer_blocks()[0]
+        layer = self.recurrent_layers()[0]
         mixer = self.model.layers[layer].linear_attn
         zero = torch.zeros(1, mixer.mixer_heads, mixer.state_dim, mixer.head_dim)
         steps = self.read_generation(layer, write=(0, "state_output", zero))
@@ -330,7 +322,7 @@ class SSDSuite(Suite):
 
     def test_assigned_state_input_on_a_decode_step_reaches_the_cache(self) -> None:
         torch.manual_seed(0)
-        layer = self.mixer_blocks()[0]
+        layer = self.recurrent_layers()[0]
         mixer = self.model.layers[layer].linear_attn
         start = torch.randn(1, mixer.mixer_heads, mixer.state_dim, mixer.head_dim)
         steps = self.read_generation(layer, write=(1, "state_input", start))
@@ -341,96 +333,10 @@ class SSDSuite(Suite):
             "the cache did not keep the step's new state"
         )
 
-    # -- the state trajectory, from the kernel call's arguments -------------------------
-
-    def trajectories_and_states(self, prompt: str | list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every mixer block's state_trajectory at the model's own chunk size, and its states under chunk_per_token."""
-        blocks = self.mixer_blocks()
-        trajectories: list[torch.Tensor] = []
-        states: list[torch.Tensor] = []
-        with self.model.trace(prompt):
-            trajectories.extend(self.model.layers[layer].linear_attn.state_trajectory.save() for layer in blocks)
-        with self.per_token(), self.model.trace(prompt):
-            states.extend(self.model.layers[layer].linear_attn.states.save() for layer in blocks)
-        return list(zip(trajectories, states, strict=True))
-
-    def test_state_trajectory_is_the_per_token_chunks_states(self) -> None:
-        for layer, (trajectory, states) in zip(self.mixer_blocks(), self.trajectories_and_states(PROMPT), strict=True):
-            close_relative(trajectory, states, f"layers[{layer}] state_trajectory vs chunk_per_token states")
-            assert trajectory.dtype == states.dtype
-
-    def test_state_trajectory_in_a_left_padded_batch(self) -> None:
-        tokenizer = self.model.tokenizer
-        side, tokenizer.padding_side = tokenizer.padding_side, "left"
-        try:
-            pairs = self.trajectories_and_states(list(BATCH))
-            for layer, (trajectory, states) in zip(self.mixer_blocks(), pairs, strict=True):
-                for row, prompt in enumerate(BATCH):
-                    real = len(tokenizer(prompt).input_ids)
-                    close_relative(
-                        trajectory[row, -real:],
-                        states[row, -real:],
-                        f"layers[{layer}] state_trajectory of {prompt!r} in a padded batch",
-                    )
-        finally:
-            tokenizer.padding_side = side
-
-    def test_state_trajectory_on_decode_steps_continues_the_cache(self) -> None:
-        """Read after state_output: the update overwrites the cached state, and the trajectory starts from a copy."""
-        layer = self.mixer_blocks()[0]
-        mixer = self.model.layers[layer].linear_attn
-        trajectories: list[torch.Tensor] = []
-        stacks: list[torch.Tensor] = []
-        steps = DECODE_STEPS + 1
-        with self.per_token(), self.model.generate(PROMPT, max_new_tokens=steps, do_sample=False) as tracer:
-            for _ in tracer.iter[:steps]:
-                stacks.append(mixer.states.save())
-                trajectories.append(mixer.state_trajectory.save())
-        for step, (trajectory, states) in enumerate(zip(trajectories, stacks, strict=True)):
-            close_relative(trajectory, states, f"layers[{layer}] step {step}: state_trajectory vs states")
-        assert trajectories[-1].shape[1] == 1, "a decode step's trajectory is one token"
-
-    def test_state_trajectory_starts_from_a_written_state_input(self) -> None:
-        torch.manual_seed(0)
-        mixer = self.model.layers[self.mixer_blocks()[0]].linear_attn
-        start = torch.randn(1, mixer.mixer_heads, mixer.state_dim, mixer.head_dim)
-        step: dict[str, torch.Tensor] = {}
-        with self.model.generate(PROMPT, max_new_tokens=2, do_sample=False) as tracer:
-            for _ in tracer.iter[1]:
-                mixer.state_input = start
-                step["leaving"] = mixer.state_output.save()
-                step["trajectory"] = mixer.state_trajectory.save()
-        close_relative(
-            step["trajectory"][:, 0], step["leaving"], "state_trajectory after a decode step's state_input write"
-        )
-        with self.model.trace(PROMPT):
-            mixer.attention_queries.save()  # the call's arguments are recorded before the write
-            mixer.state_input = start
-            step["prompt_trajectory"] = mixer.state_trajectory.save()
-            step["prompt_leaving"] = mixer.state_output.save()
-        close_relative(
-            step["prompt_trajectory"][:, -1],
-            step["prompt_leaving"],
-            "state_trajectory after a prompt's state_input write",
-        )
-
-    def test_trajectory_positions_select_the_full_trajectory(self) -> None:
-        selections = (slice(1, None, 2), [-1, 0, 3], 2)
-        mixer = self.model.layers[self.mixer_blocks()[0]].linear_attn
-        selected: list[torch.Tensor] = []  # bound outside: a name first bound inside a trace does not survive it
-        with self.model.trace(PROMPT):
-            full = mixer.state_trajectory.save()
-            selected.extend(mixer.trajectory(positions=positions).save() for positions in selections)
-            widened = mixer.trajectory(positions=-1, dtype=torch.float64).save()
-        for positions, states in zip(selections, selected, strict=True):
-            close_relative(states, full[:, positions], f"trajectory(positions={positions!r}) vs the full one")
-        assert widened.dtype == torch.float64
-        close_relative(widened, full[:, -1], "trajectory(positions=-1, dtype=float64)")
-
     # -- what is not there -------------------------------------------------------------
 
     def test_per_token_state_and_writes_are_unavailable(self) -> None:
-        layer = self.mixer_blocks()[0]
+        layer = self.recurrent_layers()[0]
         mixer = self.model.layers[layer].linear_attn
         assert self.model.support(layer)["linear_attn.state"] == NO_STATE_OCCURRENCES
         _raises_unavailable(lambda: mixer.state.save(), self.model, NO_STATE_OCCURRENCES)

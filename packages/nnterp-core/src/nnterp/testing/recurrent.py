@@ -1,0 +1,195 @@
+"""RecurrentMixerSuite: the properties of every recurrent mixer's state trajectory, and the checks its math shares.
+
+``state_trajectory`` computes the state after every token of a kernel call
+from the call's arguments; the mixer's ``states`` serve the same states from
+inside the model (a routed token loop, or Mamba-2 chunked one token at a
+time). A family plugin's suite subclasses ``RecurrentMixerSuite`` and says how
+``states`` is served on its class's model (``per_token_states``) and which of
+the call's arguments an assignment may replace (``ASSIGNABLE``); every check
+then compares the two, on a prompt, a left-padded batch, each decode step of
+``generate``, and after assignments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import torch
+
+from .suites import PROMPT, Suite, blocks_with
+
+#: How far a computed trajectory may be from the model's own states, relative to their largest entry (float32).
+TRAJECTORY_TOLERANCE = 1e-5
+#: Prompts of different lengths, for the padded batch.
+BATCH = ("Hello world, there", "Hi you")
+#: Decode steps the generate checks take.
+STEPS = 3
+#: ``positions=`` selections of a 150-token call, each kind the argument takes, and their test ids.
+POSITIONS = (
+    5,
+    -1,
+    slice(None, None, 64),
+    slice(10, 140, 7),
+    slice(None, None, -9),
+    [149, 3, 64, 3, -2],
+    torch.tensor([63, 0, 64]),
+    [],
+)
+POSITION_IDS = ("int", "negative", "every_64th", "range", "reversed", "list", "tensor", "none")
+
+
+def close_relative(
+    actual: torch.Tensor, expected: torch.Tensor, what: str = "", tolerance: float = TRAJECTORY_TOLERANCE
+) -> None:
+    """Assert ``actual`` is ``expected`` within ``tolerance`` of ``expected``'s largest entry, naming ``what``."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    if not expected.numel():
+        return
+    error = ((actual.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+    assert error <= tolerance, f"{what}: relative error {error:.2e} (tolerance {tolerance:.0e})"
+
+
+def selected(states: torch.Tensor, positions: Any) -> torch.Tensor:
+    """``states[:, positions]``, also for the negative-step slices torch's indexing refuses."""
+    if isinstance(positions, slice):
+        return states[:, list(range(states.shape[1])[positions])]
+    return states[:, positions]
+
+
+def check_positions(compute: Callable[..., torch.Tensor], positions: Any) -> None:
+    """``compute(positions=positions)`` is the slice of ``compute()`` that ``positions`` indexes."""
+    close_relative(compute(positions=positions), selected(compute(), positions), f"positions={positions!r}", 1e-6)
+
+
+class RecurrentMixerSuite(Suite):
+    """``state_trajectory`` is the state the model itself carries, after every token of every call."""
+
+    #: The values at the kernel call an assignment may replace; the trajectory must follow each.
+    ASSIGNABLE: ClassVar[tuple[str, ...]] = ("attention_keys", "attention_values")
+    #: Whether a prompt's kernel takes a starting state, so that ``state_input`` may be assigned on a prompt.
+    PROMPT_STATE_INPUT: ClassVar[bool] = True
+
+    def recurrent_layers(self) -> list[int]:
+        """The blocks with a recurrent mixer (``linear_attn``); call it outside a trace."""
+        layers = blocks_with(self.model, "linear_attn")
+        assert layers, f"{self.family}: no block has a linear_attn"
+        return layers
+
+    @contextmanager
+    def per_token_states(self) -> Iterator[None]:
+        """Where the mixers' ``states`` serve every token's state: the class's model as it is, unless a suite says."""
+        yield
+
+    def mixer(self, layer: int) -> Any:
+        return self.model.layers[layer].linear_attn
+
+    def trajectories_and_states(self, prompt: str | list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each mixer's ``state_trajectory`` on a plain trace of ``prompt``, beside its ``states`` under ``per_token_states``."""
+        layers = self.recurrent_layers()
+        trajectories: list[torch.Tensor] = []  # bound outside: a name first bound inside a trace does not survive it
+        states: list[torch.Tensor] = []
+        with self.model.trace(prompt):
+            trajectories.extend(self.mixer(layer).state_trajectory.save() for layer in layers)
+        with self.per_token_states(), self.model.trace(prompt):
+            states.extend(self.mixer(layer).states.save() for layer in layers)
+        return list(zip(trajectories, states, strict=True))
+
+    def test_state_trajectory_is_the_models_states(self) -> None:
+        for layer, (trajectory, states) in zip(
+            self.recurrent_layers(), self.trajectories_and_states(PROMPT), strict=True
+        ):
+            close_relative(trajectory, states, f"layers[{layer}] state_trajectory vs states on a prompt")
+            assert trajectory.dtype == states.dtype
+
+    def test_state_trajectory_in_a_left_padded_batch(self) -> None:
+        tokenizer = self.model.tokenizer
+        side, tokenizer.padding_side = tokenizer.padding_side, "left"
+        try:
+            pairs = self.trajectories_and_states(list(BATCH))
+        finally:
+            tokenizer.padding_side = side
+        for layer, (trajectory, states) in zip(self.recurrent_layers(), pairs, strict=True):
+            for row, prompt in enumerate(BATCH):
+                real = len(tokenizer(prompt).input_ids)
+                close_relative(
+                    trajectory[row, -real:], states[row, -real:], f"layers[{layer}] {prompt!r} in a padded batch"
+                )
+
+    def test_state_trajectory_on_decode_steps_continues_the_cache(self) -> None:
+        """Read after ``state_output``: the order of reads does not matter, though the cached state is overwritten."""
+        layers = self.recurrent_layers()
+        trajectories: list[list[torch.Tensor]] = [[] for _ in layers]
+        stacks: list[list[torch.Tensor]] = [[] for _ in layers]
+        with (
+            self.per_token_states(),
+            self.model.generate(PROMPT, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False) as tracer,
+        ):
+            for _ in tracer.iter[:STEPS]:
+                for index, layer in enumerate(layers):
+                    mixer = self.mixer(layer)
+                    stacks[index].append(mixer.states.save())
+                    mixer.state_output.save()
+                    trajectories[index].append(mixer.state_trajectory.save())
+        for layer, steps, expected in zip(layers, trajectories, stacks, strict=True):
+            assert len(steps) == STEPS and steps[-1].shape[1] == 1, "a decode step's trajectory is one token"
+            for step, (trajectory, states) in enumerate(zip(steps, expected, strict=True)):
+                close_relative(trajectory, states, f"layers[{layer}] step {step}: state_trajectory vs states")
+
+    def test_state_trajectory_follows_assignments_made_after_other_reads(self) -> None:
+        """An assignment made after the call's arguments were first read still reaches the trajectory."""
+        mixer = self.mixer(self.recurrent_layers()[0])
+        untouched: list[torch.Tensor] = []
+        with self.model.trace(PROMPT):
+            untouched.append(mixer.state_trajectory.save())
+        for name in self.ASSIGNABLE:
+            read: list[torch.Tensor] = []
+            with self.per_token_states(), self.model.trace(PROMPT):
+                mixer.attention_queries.save()
+                setattr(mixer, name, getattr(mixer, name) * 0.5)
+                read.extend((mixer.state_trajectory.save(), mixer.states.save()))
+            trajectory, states = read
+            close_relative(trajectory, states, f"state_trajectory vs states after assigning {name}")
+            assert not torch.allclose(trajectory, untouched[0]), f"assigning {name} left the states as they were"
+
+    def test_state_trajectory_starts_from_an_assigned_state_input(self) -> None:
+        mixer = self.mixer(self.recurrent_layers()[0])
+        leaving: list[torch.Tensor] = []
+        with self.model.generate(PROMPT, max_new_tokens=2, min_new_tokens=2, do_sample=False) as tracer:
+            for _ in tracer.iter[1]:
+                leaving.append(mixer.state_output.save())
+        start = torch.randn(leaving[0].shape, generator=torch.Generator().manual_seed(0))
+        read: list[torch.Tensor] = []
+        with self.model.generate(PROMPT, max_new_tokens=2, min_new_tokens=2, do_sample=False) as tracer:
+            for _ in tracer.iter[1]:
+                mixer.state_input = start
+                read.extend((mixer.state_output.save(), mixer.state_trajectory.save()))
+        assert not torch.allclose(read[0], leaving[0]), "the assigned state_input did not change the step"
+        close_relative(read[1][:, 0], read[0], "a decode step's trajectory after a state_input assignment")
+        if not self.PROMPT_STATE_INPUT:
+            return
+        # a random model's strong decays can forget the starting state by the prompt's end: compare every token's
+        read.clear()
+        with self.model.trace(PROMPT):
+            read.append(mixer.state_trajectory.save())
+        with self.per_token_states(), self.model.trace(PROMPT):
+            mixer.attention_queries.save()
+            mixer.state_input = start
+            read.extend((mixer.state_trajectory.save(), mixer.states.save()))
+        untouched, trajectory, states = read
+        assert not torch.allclose(trajectory[:, 0], untouched[:, 0]), "the assigned state_input changed no state"
+        close_relative(trajectory, states, "a prompt's trajectory vs states after a state_input assignment")
+
+    def test_trajectory_positions_select_the_full_trajectory(self) -> None:
+        selections = (slice(1, None, 2), [-1, 0, 3], 2)
+        mixer = self.mixer(self.recurrent_layers()[0])
+        read: list[torch.Tensor] = []
+        with self.model.trace(PROMPT):
+            full = mixer.state_trajectory.save()
+            read.extend(mixer.trajectory(positions=positions).save() for positions in selections)
+            read.append(mixer.trajectory(positions=-1, dtype=torch.float64).save())
+        for positions, states in zip(selections, read, strict=False):
+            close_relative(states, selected(full, positions), f"trajectory(positions={positions!r}) vs the full one")
+        assert read[-1].dtype == torch.float64
+        close_relative(read[-1], full[:, -1], "trajectory(positions=-1, dtype=float64)")
