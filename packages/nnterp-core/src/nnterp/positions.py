@@ -70,3 +70,36 @@ def write_slots(span: Tensor, computed: Tensor, real: Tensor) -> None:
         span.unflatten(1, real.shape).copy_(computed)
     else:
         span.copy_(computed[:, real])
+
+
+def write_states(span: Tensor, real: Tensor, decay: Tensor, starts: Tensor, left: Tensor, right: Tensor) -> None:
+    """Put the states of a block of asked slots into their ``span`` of the result: ``decay * starts + left @ right``.
+
+    A chunked scan's state after slot t of a chunk is the chunk's start state
+    carried to t (``decay * starts``) plus the chunk's writes up to t, one
+    matrix product (``left @ right``). Every operand is laid out
+    ``[batch, chunks, width, heads, ...]`` and may broadcast over chunks'
+    slots (size 1 on the width axis) or a state axis; ``real`` ``[chunks,
+    width]`` marks the slots that are asked positions (``chunk_slots``).
+
+    The states are computed in float32 straight into the result, so the only
+    memory beyond it is the operands, unless the result has another dtype or
+    a chunk of the block has padded slots: then through a float32 block.
+    """
+    batch, (count, width) = span.shape[0], real.shape
+    rows, columns, inner = *span.shape[-2:], left.shape[-1]
+    slots = (count, width, *span.shape[2:-2])
+    direct = span.dtype == torch.float32 and bool(real.all())
+    result = (
+        span.unflatten(1, (count, width))
+        if direct
+        else span.new_empty((batch, *slots, rows, columns), dtype=torch.float32)
+    )
+    for row in range(batch):  # one row of a batch is contiguous, so its states can be the product's output
+        torch.mul(decay[row], starts[row], out=result[row])
+        result[row].view(-1, rows, columns).baddbmm_(
+            left[row].expand(*slots, rows, inner).reshape(-1, rows, inner),
+            right[row].expand(*slots, inner, columns).reshape(-1, inner, columns),
+        )
+    if not direct:
+        write_slots(span, result, real)

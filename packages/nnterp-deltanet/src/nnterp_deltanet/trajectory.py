@@ -31,7 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nnterp.positions import BLOCK_ELEMENTS, Positions, chunk_slots, select_positions, write_slots
+from nnterp.positions import BLOCK_ELEMENTS, Positions, chunk_slots, select_positions, write_states
+
+#: Tokens per chunk. Each state is formed from its chunk's start state and up to this many writes, while the
+#: loop over chunks costs the same whatever the size: 16 makes every state of a call about twice as fast as the
+#: kernels' 64 (bench/trajectory_math.py), and a few states no slower.
+CHUNK_SIZE = 16
 
 
 def delta_rule_states(
@@ -44,7 +49,7 @@ def delta_rule_states(
     *,
     positions: Positions = None,
     use_qk_l2norm: bool = True,
-    chunk_size: int = 64,
+    chunk_size: int = CHUNK_SIZE,
     dtype: torch.dtype | None = None,
 ) -> Tensor:
     """The state after each token of one delta-rule kernel call, ``[batch, positions, heads, key_dim, value_dim]``.
@@ -161,19 +166,14 @@ def _fill_states(
         after = later[offsets[block]][:, :, None, :, None]
         decayed = difference.masked_fill(after, float("-inf")).exp().transpose(-1, -2)
         decayed = decayed * key[:, asked[block]].transpose(-1, -2).unsqueeze(2)
-        corrections = asked_corrections[:, block].unsqueeze(2).expand(-1, -1, width, -1, -1, -1)
-        # The start state carried to each slot, then the chunk's writes up to it added in place;
-        # straight into the result when it can hold float32 states as they are computed.
-        real_block = real[block]
-        direct = states.dtype == torch.float32 and batch == 1 and bool(real_block.all())
-        span = states[:, bounds[first] : bounds[first + count]]
-        result = span.unflatten(1, (count, width)) if direct else decayed.new_empty(decayed.shape[:-1] + (value_dim,))
-        torch.mul(rows.exp().unsqueeze(-1), starts[:, block].unsqueeze(2), out=result)
-        result.view(-1, key_dim, value_dim).baddbmm_(
-            decayed.reshape(-1, key_dim, chunk_size), corrections.reshape(-1, chunk_size, value_dim)
+        write_states(
+            states[:, bounds[first] : bounds[first + count]],
+            real[block],
+            rows.exp().unsqueeze(-1),
+            starts[:, block].unsqueeze(2),
+            decayed,
+            asked_corrections[:, block].unsqueeze(2),
         )
-        if not direct:
-            write_slots(span, result, real_block)
 
 
 def _pairwise_decay(rows: Tensor, columns: Tensor, after: Tensor) -> Tensor:

@@ -27,7 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nnterp.positions import BLOCK_ELEMENTS, Positions, chunk_slots, select_positions, write_slots
+from nnterp.positions import BLOCK_ELEMENTS, Positions, chunk_slots, select_positions, write_states
+
+#: Tokens per chunk. Each state is formed from its chunk's start state and up to this many writes, while the
+#: loop over chunks costs the same whatever the size: 16 makes every state of a call about twice as fast as the
+#: kernels' 64 (bench/trajectory_math.py), and a few states no slower.
+CHUNK_SIZE = 16
 
 
 def ssd_states(
@@ -41,7 +46,7 @@ def ssd_states(
     dt_bias: Tensor | None = None,
     softplus: bool = True,
     dt_limit: tuple[float, float] = (0.0, float("inf")),
-    chunk_size: int = 64,
+    chunk_size: int = CHUNK_SIZE,
     dtype: torch.dtype | None = None,
 ) -> Tensor:
     """The state after each token of one Mamba-2 scan call, ``[batch, positions, heads, state_dim, head_dim]``.
@@ -141,17 +146,17 @@ def _fill_states(
         block = slice(first, first + per_block)
         count = len(asked[block])
         decay_log = cumulative[:, :, asked[block]]  # [batch, heads, count, chunk]
-        rows = decay_log[:, :, torch.arange(count, device=device)[:, None], offsets[block]]
-        # [batch, heads, count, chunk, width, head_dim]: exp(G_t - G_j) dt_j x_j, zero for j after t,
+        rows = decay_log[:, :, torch.arange(count, device=device)[:, None], offsets[block]].permute(0, 2, 3, 1)
+        # [batch, count, width, heads, chunk, head_dim]: exp(G_t - G_j) dt_j x_j, zero for j after t,
         # masked before the exp
-        difference = (rows.unsqueeze(-1) - decay_log.unsqueeze(-2)).masked_fill(later[offsets[block]], float("-inf"))
-        weighted = difference.exp().transpose(-1, -2).unsqueeze(-1) * written[:, :, asked[block]].unsqueeze(-2)
-        # [batch, heads, count, state_dim, width, head_dim], the start state carried to each slot,
-        # then the chunk's writes up to it added in place
-        result = (rows.exp()[:, :, :, None, :, None] * starts[:, :, block].unsqueeze(-2)).contiguous()
-        flat = batch * heads * count
-        result.view(flat, state_dim, width * head_dim).baddbmm_(
-            keys[:, :, asked[block]].reshape(flat, state_dim, chunk_size),
-            weighted.reshape(flat, chunk_size, width * head_dim),
+        difference = rows.unsqueeze(-1) - decay_log.transpose(1, 2).unsqueeze(2)
+        difference = difference.masked_fill(later[offsets[block]][:, :, None], float("-inf"))
+        weighted = difference.exp().unsqueeze(-1) * written[:, :, asked[block]].transpose(1, 2).unsqueeze(2)
+        write_states(
+            states[:, bounds[first] : bounds[first + count]],
+            real[block],
+            rows.exp()[..., None, None],
+            starts[:, :, block].transpose(1, 2).unsqueeze(2),
+            keys[:, :, asked[block]].transpose(1, 2).unsqueeze(2),
+            weighted,
         )
-        write_slots(states[:, bounds[first] : bounds[first + count]], result.permute(0, 2, 4, 1, 3, 5), real[block])
