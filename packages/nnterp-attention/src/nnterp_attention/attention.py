@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnterp import EProperty, Standard
+from nnterp import EProperty, Sublayer, contribution
 from nnterp.layouts import HeadOutputs, Keys, Pattern, Queries, Residual, Values
 
 NOT_EAGER = (
@@ -35,7 +35,7 @@ def _inside_interface(operation: str, attribute: str):
 OUTPUT_PROJECTIONS = ("o_proj", "dense", "c_proj", "out_proj")
 
 
-class Attention(Standard):
+class Attention(Sublayer):
     """A softmax-attention module: what it adds to the residual stream, its pattern, and its interior.
 
     ``attention_output`` is the module's output. Everything else is read inside
@@ -119,11 +119,12 @@ class Attention(Standard):
 
     # -- values ------------------------------------------------------------------
 
-    @EProperty("output")
+    @EProperty(contribution)
     def attention_output(self, value: Any) -> Residual:
         """What the attention adds to the residual stream, [batch, seq, hidden_size].
 
-        The module's output, after the output projection. Assign or edit in place.
+        The module's output, after the output projection, or where the block
+        changes it on the way in (``CONTRIBUTION``). Assign or edit in place.
         """
         return value
 

@@ -23,27 +23,15 @@ from .attention import Attention
 
 
 class PostNormAttention(Attention):
-    """An attention whose output the block normalizes before adding it."""
+    """An attention whose output the block normalizes before adding it: its contribution is the post-norm's output."""
 
-    @EProperty("../post_attention_layernorm.output")
-    def attention_output(self, value: Any) -> Residual:
-        """What the attention adds to the residual stream: its post-norm's output, [batch, seq, hidden_size].
-
-        The module's own output is that norm's input. Assign or edit in place.
-        """
-        return value
+    CONTRIBUTION = "../post_attention_layernorm.output"
 
 
 class PostNormMlp(Mlp):
-    """An MLP whose output the block normalizes before adding it."""
+    """An MLP whose output the block normalizes before adding it: its contribution is the post-norm's output."""
 
-    @EProperty("../post_feedforward_layernorm.output")
-    def mlp_output(self, value: Any) -> Residual:
-        """What the MLP adds to the residual stream: its post-norm's output, [batch, seq, hidden_size].
-
-        The module's own output is that norm's input. Assign or edit in place.
-        """
-        return value
+    CONTRIBUTION = "../post_feedforward_layernorm.output"
 
 
 class SandwichLayer(Layer):

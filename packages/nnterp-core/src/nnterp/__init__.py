@@ -25,7 +25,7 @@ from .components.recurrent import (
     pinned,
     route_kernels,
 )
-from .components.standard import Standard, axis_size, blocks_support, first_tensor, rewrap
+from .components.standard import Standard, Sublayer, axis_size, blocks_support, contribution, first_tensor, rewrap
 from .descriptor import DerivedEProperty, EProperty, Unavailable, unavailable
 from .hookspecs import hookimpl, hookspec
 from .layouts import *  # noqa: F403
@@ -47,11 +47,13 @@ __all__ = [
     "RecurrentMixer",
     "Standard",
     "StandardizedTransformer",
+    "Sublayer",
     "Unavailable",
     "UnknownFamily",
     "UnknownModelType",
     "axis_size",
     "blocks_support",
+    "contribution",
     "families",
     "first_tensor",
     "hookimpl",

@@ -40,23 +40,11 @@ class GPTNeoXLayer(Layer):
 
 
 class GPTNeoXAttention(Attention):
-    @EProperty("../post_attention_dropout.output")
-    def attention_output(self, value: Any) -> Residual:
-        """What the attention adds to the residual stream, after the block's dropout, [batch, seq, hidden_size].
-
-        Assign or edit in place.
-        """
-        return value
+    CONTRIBUTION = "../post_attention_dropout.output"
 
 
 class GPTNeoXMlp(Mlp):
-    @EProperty("../post_mlp_dropout.output")
-    def mlp_output(self, value: Any) -> Residual:
-        """What the MLP adds to the residual stream, after the block's dropout, [batch, seq, hidden_size].
-
-        Assign or edit in place.
-        """
-        return value
+    CONTRIBUTION = "../post_mlp_dropout.output"
 
 
 MODEL_TYPES = ("gpt_neox",)

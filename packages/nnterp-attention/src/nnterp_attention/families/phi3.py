@@ -9,33 +9,18 @@ as the module's output in eval mode, and still what reaches the stream in
 training mode.
 """
 
-from typing import Any
-
 from transformers.models.phi3 import modeling_phi3 as MODELING
 
-from nnterp import EProperty, Layer, Mlp
-from nnterp.layouts import Residual
+from nnterp import Layer, Mlp
 from nnterp_attention.attention import Attention
 
 
 class Phi3Attention(Attention):
-    @EProperty("../resid_attn_dropout.output")
-    def attention_output(self, value: Any) -> Residual:
-        """What the attention adds to the residual stream, after the block's dropout, [batch, seq, hidden_size].
-
-        Assign or edit in place.
-        """
-        return value
+    CONTRIBUTION = "../resid_attn_dropout.output"
 
 
 class Phi3Mlp(Mlp):
-    @EProperty("../resid_mlp_dropout.output")
-    def mlp_output(self, value: Any) -> Residual:
-        """What the MLP adds to the residual stream, after the block's dropout, [batch, seq, hidden_size].
-
-        Assign or edit in place.
-        """
-        return value
+    CONTRIBUTION = "../resid_mlp_dropout.output"
 
 
 MODEL_TYPES = ("phi3",)

@@ -6,10 +6,10 @@ from typing import Any
 
 from ..descriptor import EProperty
 from ..layouts import Neurons, Residual
-from .standard import Standard
+from .standard import Sublayer, contribution
 
 
-class Mlp(Standard):
+class Mlp(Sublayer):
     """A feed-forward module: its contribution to the residual stream and its neurons.
 
     The activation is ``act_fn`` and the output projection ``down_proj``; a
@@ -28,11 +28,12 @@ class Mlp(Standard):
         weight = down.weight
         return weight.shape[1] if hasattr(down, "in_features") else weight.shape[0]
 
-    @EProperty("output")
+    @EProperty(contribution)
     def mlp_output(self, value: Any) -> Residual:
         """What the MLP adds to the residual stream, [batch, seq, hidden_size].
 
-        Assign or edit in place.
+        The module's output, or where the block changes it on the way in
+        (``CONTRIBUTION``). Assign or edit in place.
         """
         return value
 

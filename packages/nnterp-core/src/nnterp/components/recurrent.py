@@ -36,7 +36,7 @@ from nnsight.intervention.source import STATE, decorator_chain
 from ..descriptor import DerivedEProperty, EProperty, Unavailable
 from ..layouts import Residual, State, States
 from ..registry import REGISTRY
-from .standard import Standard
+from .standard import Sublayer, contribution
 
 #: The modes :func:`route_kernels` accepts.
 ROUTE_MODES = ("torch", "default")
@@ -392,7 +392,7 @@ def _call_arguments(arguments: tuple[tuple, dict]) -> tuple[torch.Tensor, Any]:
     return hidden, cache
 
 
-class RecurrentMixer(Standard):
+class RecurrentMixer(Sublayer):
     """A sequence mixer with a recurrent state, read at the kernel call its forward makes.
 
     A subclass names its kernels in class constants and declares its values at
@@ -544,11 +544,12 @@ class RecurrentMixer(Standard):
 
     # -- what the mixer adds -----------------------------------------------------
 
-    @EProperty("output")
+    @EProperty(contribution)
     def attention_output(self, value: Any) -> Residual:
         """What the mixer adds to the residual stream, [batch, seq, hidden_size].
 
-        The module's own output. Assign or edit in place.
+        The module's own output, or where the block changes it on the way in
+        (``CONTRIBUTION``). Assign or edit in place.
         """
         return value
 

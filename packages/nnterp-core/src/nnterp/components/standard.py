@@ -64,6 +64,26 @@ class Standard(Envoy):
         return {name: value.reason(self) for name, value in self.values().items()}
 
 
+class Sublayer(Standard):
+    """A module whose output its block adds to the residual stream: an attention, an MLP, a recurrent mixer.
+
+    Its contribution (``attention_output``, ``mlp_output``) is read at
+    ``CONTRIBUTION``, a path from the module: its own output, unless the
+    block changes that output on its way into the stream, where the family
+    names the place the change is made (a post-norm, a dropout, a scaling
+    in the block's forward). Reading it there keeps
+    ``layer_input + contributions == layer_output`` on every family.
+    """
+
+    #: Where what the block adds is read, relative to this module ("../post_attention_layernorm.output").
+    CONTRIBUTION: ClassVar[str] = "output"
+
+
+def contribution(envoy: Sublayer) -> str:
+    """The key of a sublayer's contribution: its class's ``CONTRIBUTION``."""
+    return type(envoy).CONTRIBUTION
+
+
 def axis_size(envoy: Envoy, axis: str) -> int:
     """The size of layout axis ``axis`` on a value ``envoy`` serves.
 

@@ -11,7 +11,7 @@ from transformers.models.olmo_hybrid import modeling_olmo_hybrid as MODELING
 
 from nnterp import POST_NORM_ATTENTION, POST_NORM_MLP, EProperty, Mlp, unavailable
 from nnterp.layouts import Residual
-from nnterp_attention import Attention
+from nnterp_attention.post_norm import PostNormAttention
 from nnterp_deltanet.blocks import HybridLayer
 from nnterp_deltanet.linear_attention import LinearAttention
 
@@ -25,18 +25,6 @@ class PostNormLayer(HybridLayer):
     @EProperty("mlp.input")
     def layer_mid(self, value: Any) -> Residual:
         """The residual stream between the two sublayers, [batch, seq, hidden_size]: what the MLP reads.
-
-        Assign or edit in place.
-        """
-        return value
-
-
-class PostNormAttention(Attention):
-    """The attention of a post-norm block: its contribution is the norm after it."""
-
-    @EProperty("../post_attention_layernorm.output")
-    def attention_output(self, value: Any) -> Residual:
-        """What the attention adds to the residual stream, [batch, seq, hidden_size]: its post-norm's output.
 
         Assign or edit in place.
         """

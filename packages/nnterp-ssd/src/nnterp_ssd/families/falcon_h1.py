@@ -14,12 +14,9 @@ both. The mixer is read before the attention: the block runs it first.
 
 from __future__ import annotations
 
-from typing import Any
-
 from transformers.models.falcon_h1 import modeling_falcon_h1 as MODELING
 
-from nnterp import EProperty, Mlp
-from nnterp.layouts import Residual
+from nnterp import Mlp
 from nnterp_attention import Attention
 from nnterp_ssd.blocks import SourcedLayer, TupleLayer
 from nnterp_ssd.state_space import StateSpace
@@ -35,26 +32,15 @@ class FalconH1StateSpace(StateSpace):
     """Falcon-H1's Mamba-2 mixer, at ``layers[i].mamba``; its chunk size comes from ``config.mamba_chunk_size``."""
 
     CHUNK_SIZE_CONFIG = "mamba_chunk_size"
-
-    @EProperty("../source.mamba_hidden_states_1.output")
-    def attention_output(self, value: Any) -> Residual:
-        """What the mixer adds to the residual stream: its output times ssm_out_multiplier, [batch, seq, hidden_size].
-
-        Assign or edit in place.
-        """
-        return value
+    # the block scales the mixer's output by ssm_out_multiplier before adding it
+    CONTRIBUTION = "../source.mamba_hidden_states_1.output"
 
 
 class FalconH1Attention(Attention):
     """Falcon-H1's softmax attention, beside the mixer."""
 
-    @EProperty("../source.attention_hidden_states_0.output")
-    def attention_output(self, value: Any) -> Residual:
-        """What the attention adds to the residual stream: its output times attention_out_multiplier, [batch, seq, hidden_size].
-
-        Assign or edit in place.
-        """
-        return value
+    # the block scales the attention's output by attention_out_multiplier before adding it
+    CONTRIBUTION = "../source.attention_hidden_states_0.output"
 
 
 MODEL_TYPES = ("falcon_h1",)
