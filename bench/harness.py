@@ -80,11 +80,14 @@ def read(model: StandardizedTransformer, mixers: list, values: Iterable[str], id
     return run
 
 
-def medians(runs: dict[str, Run], lengths: Iterable[int], repeats: int) -> dict[tuple[str, int], float]:
-    """Each run's median time per length; every run goes once untimed first (compiling the traced forwards)."""
+def medians(
+    runs: dict[str, Run], lengths: Iterable[int], repeats: int, warm_up: bool = True
+) -> dict[tuple[str, int], float]:
+    """Each run's median time per length; every run goes once untimed first (compiling the traced forwards)
+    unless ``warm_up`` is false because it already ran at another length."""
     times: dict[tuple[str, int], list[float]] = {}
     for n in lengths:
-        for run in runs.values():
+        for run in runs.values() if warm_up else ():
             run(n)
         for _ in range(repeats):
             for name, run in runs.items():

@@ -9,8 +9,8 @@ transformers' default kernels. Per family, interleaved so machine noise hits the
 - trajectory: an unrouted trace reading ``state_trajectory`` (every position) on both mixers;
 - states: what serves every state without it: ``states`` on a model routed with
   ``route_kernels(family, "torch")`` (DeltaNet, Mamba-1), or under ``chunk_per_token`` (Mamba-2),
-  at the first length only (at 4096 tokens DeltaNet's would hold 8 GiB, and Mamba-2's per-token
-  chunking is quadratic);
+  at the first length (at 4096 tokens DeltaNet's would hold 8 GiB), and on Mamba-2 once more at
+  the last length, where its per-token chunking is quadratic (minutes);
 - every64: ``trajectory(positions=slice(None, None, 64))`` on both mixers, at the other lengths.
 
 Then the peak memory at the last length of the plain forward and of a trace reading
@@ -169,7 +169,10 @@ def measure(family: Family, lengths: list[int], repeats: int) -> dict[tuple[str,
             warnings.filterwarnings("ignore", "route_kernels: .* already traced")
             route_kernels(model.family, "torch")
     try:
-        times |= harness.medians({"states": per_token_states(family, ids)}, first, repeats)
+        states = {"states": per_token_states(family, ids)}
+        times |= harness.medians(states, first, repeats)
+        if rest and not routed:
+            times |= harness.medians(states, lengths[-1:], 1, warm_up=False)
     finally:
         if routed:
             route_kernels(model.family, "default")
@@ -217,6 +220,8 @@ def report(name: str, times: dict[tuple[str, int], float], peaks: dict[str, floa
         for key, label in (("trajectory", "state_trajectory"), ("every64", "positions=::64"), ("states", states)):
             if (key, n) in times:
                 cells.append(f"{label} {times[key, n]:7.3f} ({times[key, n] / plain:5.2f}x plain)")
+        if ("every64", n) in times and ("states", n) in times:
+            cells.append(f"positions=::64 {times['states', n] / times['every64', n]:.1f}x faster than {states}")
         print(f"  {n:>5} tokens: " + ";  ".join(cells))
     if peaks:
         print(

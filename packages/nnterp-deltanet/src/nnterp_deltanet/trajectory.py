@@ -34,8 +34,8 @@ from torch import Tensor
 from nnterp.positions import BLOCK_ELEMENTS, Positions, chunk_slots, select_positions, write_states
 
 #: Tokens per chunk. Each state is formed from its chunk's start state and up to this many writes, while the
-#: loop over chunks costs the same whatever the size: 16 makes every state of a call about twice as fast as the
-#: kernels' 64 (bench/trajectory_math.py), and a few states no slower.
+#: loop over chunks costs the same whatever the size: every state of a call takes about half the time it takes
+#: with the kernels' 64 (on a CPU, at the dimensions of bench/trajectory.py), and a few states no longer.
 CHUNK_SIZE = 16
 
 
