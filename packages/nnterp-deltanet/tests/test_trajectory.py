@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from transformers.models.kimi_linear import modeling_kimi_linear
 from transformers.models.qwen3_5 import modeling_qwen3_5
 
+from nnterp import positions
 from nnterp.testing.recurrent import POSITION_IDS, POSITIONS, check_positions, close_relative
-from nnterp_deltanet import trajectory
 from nnterp_deltanet.trajectory import delta_rule_states
 
 # The pure-torch bodies, past the hub dispatcher (which would pick fla's compiled kernels if installed).
@@ -136,7 +136,7 @@ def test_blocks_bound_the_memory_not_the_states(monkeypatch):
     expected = delta_rule_states(*args)
     single = tuple(tensor[:1] for tensor in args)  # every argument has the batch axis first
     expected_single = delta_rule_states(*single)
-    monkeypatch.setattr(trajectory, "BLOCK_ELEMENTS", 1)
+    monkeypatch.setattr(positions, "BLOCK_ELEMENTS", 1)
     close_relative(delta_rule_states(*args), expected, tolerance=1e-6)
     close_relative(delta_rule_states(*single), expected_single, tolerance=1e-6)
     close_relative(

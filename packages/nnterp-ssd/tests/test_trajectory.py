@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers.models.mamba2 import modeling_mamba2
 
+from nnterp import positions
 from nnterp.testing.recurrent import POSITION_IDS, POSITIONS, check_positions, close_relative
-from nnterp_ssd import trajectory
 from nnterp_ssd.trajectory import ssd_states
 
 # The pure-torch bodies, past the hub dispatcher (which would pick mamba_ssm's compiled kernels if installed).
@@ -135,7 +135,7 @@ def test_blocks_bound_the_memory_not_the_states(monkeypatch):
     x, dt, A, B, state, dt_bias = args
     single = (x[:1], dt[:1], A, B[:1], state[:1], dt_bias)
     expected_single = states_of(*single)
-    monkeypatch.setattr(trajectory, "BLOCK_ELEMENTS", 1)
+    monkeypatch.setattr(positions, "BLOCK_ELEMENTS", 1)
     close_relative(states_of(*args), expected, tolerance=1e-6)
     close_relative(states_of(*single), expected_single, tolerance=1e-6)
     close_relative(states_of(*args, positions=[149, 3, 64, 3, -2]), expected[:, [149, 3, 64, 3, -2]], tolerance=1e-6)

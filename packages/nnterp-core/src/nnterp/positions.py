@@ -8,12 +8,14 @@ call never hold every state of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-#: How many state elements one block of asked positions computes at once: bounds the temporaries
-#: beside the result (about two blocks) when every state of a long call is asked for.
-BLOCK_ELEMENTS = 2**26
+#: How many state elements of running states one block of chunks steps at once (8 MiB in float32): bounds the
+#: memory beyond the result, and keeps a block's states in cache from one step to the next.
+BLOCK_ELEMENTS = 2**21
 
 #: What a ``positions=`` argument may be: one position, a slice, a list, or an index tensor.
 Positions = int | slice | list[int] | tuple[int, ...] | Tensor | None
@@ -49,57 +51,76 @@ def select_positions(positions: Positions, seq_len: int) -> tuple[Tensor, Tensor
     return needed, None if torch.equal(needed, wanted) else order, single
 
 
-def chunk_slots(needed: Tensor, chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Lay sorted, distinct positions out by chunk, to compute each chunk's asked states together.
+def asked_chunks(needed: Tensor, chunk_size: int) -> Tensor:
+    """The chunks holding a position of ``needed`` (sorted, distinct), in order: the ones whose start state is needed."""
+    return torch.unique_consecutive(torch.div(needed, chunk_size, rounding_mode="floor"))
 
-    Returns the chunks holding an asked position ``[chunks]``, the offsets asked in each
-    ``[chunks, width]`` (a chunk with fewer than ``width`` repeats its last one), which of those
-    slots are real ``[chunks, width]``, and where each chunk's positions start in ``needed``
-    ``[chunks + 1]``. Read row by row, the real slots are ``needed`` in order.
+
+def chunk_slots(needed: Tensor, chunk_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Lay sorted, distinct positions out by chunk.
+
+    Returns the offsets asked in each chunk holding one ``[chunks, width]`` (a
+    chunk with fewer than ``width`` repeats its last one), which of those
+    slots are real ``[chunks, width]``, and where each chunk's positions start
+    in ``needed`` ``[chunks + 1]``. Read row by row, the real slots are
+    ``needed`` in order: slot j of chunk i is position ``bounds[i] + j`` of it.
     """
-    chunks, counts = torch.unique_consecutive(torch.div(needed, chunk_size, rounding_mode="floor"), return_counts=True)
-    starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    _, counts = torch.unique_consecutive(torch.div(needed, chunk_size, rounding_mode="floor"), return_counts=True)
+    bounds = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     slot = torch.arange(int(counts.max()))
-    taken = starts[:-1, None] + torch.minimum(slot, counts[:, None] - 1)
-    return chunks, needed[taken] % chunk_size, slot < counts[:, None], starts
+    taken = bounds[:-1, None] + torch.minimum(slot, counts[:, None] - 1)
+    return needed[taken] % chunk_size, slot < counts[:, None], bounds
 
 
-def write_slots(span: Tensor, computed: Tensor, real: Tensor) -> None:
-    """Put a block's states, ``[batch, chunks, width, ...]`` with padded slots, into their ``span`` of the result."""
-    if bool(real.all()):
-        span.unflatten(1, real.shape).copy_(computed)
-    else:
-        span.copy_(computed[:, real])
+#: One step of a chunked recurrence: ``advance(running, chunks, step)`` moves the running states of the chunks
+#: ``chunks`` (a slice of the asked chunks) in place past their token at offset ``step``.
+Advance = Callable[[Tensor, slice, int], None]
 
 
-def write_states(span: Tensor, real: Tensor, decay: Tensor, starts: Tensor, left: Tensor, right: Tensor) -> None:
-    """Put the states of a block of asked slots into their ``span`` of the result: ``decay * starts + left @ right``.
+def write_chunk_states(states: Tensor, needed: Tensor, chunk_size: int, starts: Tensor, advance: Advance) -> None:
+    """Write the state after each of ``needed`` (sorted, distinct) into ``states[:, i]``, stepping every chunk at once.
 
-    A chunked scan's state after slot t of a chunk is the chunk's start state
-    carried to t (``decay * starts``) plus the chunk's writes up to t, one
-    matrix product (``left @ right``). Every operand is laid out
-    ``[batch, chunks, width, heads, ...]`` and may broadcast over chunks'
-    slots (size 1 on the width axis) or a state axis; ``real`` ``[chunks,
-    width]`` marks the slots that are asked positions (``chunk_slots``).
-
-    The states are computed in float32 straight into the result, so the only
-    memory beyond it is the operands, unless the result has another dtype or
-    a chunk of the block has padded slots: then through a float32 block.
+    ``starts`` ``[batch, chunks, ...]`` (float32) is the state each chunk
+    holding a position of ``needed`` starts from, in order (``asked_chunks``;
+    the chunked algorithm's boundary states), and ``advance`` the family's
+    recurrence, one token of every chunk of a block per call. The chunks of a
+    block step together, at most ``chunk_size`` steps whatever the call's
+    length, and each asked state is copied into the result once, at its
+    position's step: nothing beyond the result and a block of running states
+    (``BLOCK_ELEMENTS``) is held.
     """
-    batch, (count, width) = span.shape[0], real.shape
-    rows, columns, inner = *span.shape[-2:], left.shape[-1]
-    slots = (count, width, *span.shape[2:-2])
-    direct = span.dtype == torch.float32 and bool(real.all())
-    result = (
-        span.unflatten(1, (count, width))
-        if direct
-        else span.new_empty((batch, *slots, rows, columns), dtype=torch.float32)
-    )
-    for row in range(batch):  # one row of a batch is contiguous, so its states can be the product's output
-        torch.mul(decay[row], starts[row], out=result[row])
-        result[row].view(-1, rows, columns).baddbmm_(
-            left[row].expand(*slots, rows, inner).reshape(-1, rows, inner),
-            right[row].expand(*slots, inner, columns).reshape(-1, inner, columns),
-        )
-    if not direct:
-        write_slots(span, result, real)
+    offsets, real, bounds = chunk_slots(needed.cpu(), chunk_size)
+    positions = bounds[:-1, None] + torch.arange(offsets.shape[1])  # where each slot's state goes in the result
+    per_block = max(1, BLOCK_ELEMENTS // starts[:, :1].numel())
+    for first in range(0, offsets.shape[0], per_block):
+        block = slice(first, first + per_block)
+        running = starts[:, block].clone()
+        asked = real[block] & (offsets[block] == torch.arange(chunk_size)[:, None, None])  # [step, chunks, width]
+        for step in range(int(offsets[block][real[block]].max()) + 1):
+            advance(running, block, step)
+            chunks, slots = asked[step].nonzero(as_tuple=True)
+            if len(chunks):
+                source = running if len(chunks) == running.shape[1] else running[:, chunks.to(running.device)]
+                _copy_to(states, positions[block][chunks, slots], source)
+
+
+def rank_one_steps(decay: Tensor, left: Tensor, right: Tensor) -> Advance:
+    """The ``advance`` of ``S_t = decay_t * S_{t-1} + left_t right_t^T``, a decay and a rank-one write per token.
+
+    The gated delta rule and Mamba-2 step so: ``decay`` ``[batch, chunks, chunk, heads, rows or 1, 1]``,
+    ``left`` ``[..., rows, 1]`` and ``right`` ``[..., 1, columns]``, each token's, for the asked chunks.
+    """
+
+    def advance(running: Tensor, chunks: slice, step: int) -> None:
+        running.mul_(decay[:, chunks, step]).addcmul_(left[:, chunks, step], right[:, chunks, step])
+
+    return advance
+
+
+def _copy_to(states: Tensor, where: Tensor, source: Tensor) -> None:
+    """``states[:, where] = source``: a strided copy where ``where`` is evenly spaced (every chunk's slot), else indexed."""
+    step = int(where[1] - where[0]) if len(where) > 1 else 1
+    if step > 0 and torch.equal(where, where[0] + step * torch.arange(len(where))):
+        states[:, int(where[0]) : int(where[-1]) + 1 : step].copy_(source)
+    else:
+        states.index_copy_(1, where.to(states.device), source.to(states.dtype))

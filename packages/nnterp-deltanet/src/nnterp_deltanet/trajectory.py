@@ -14,15 +14,18 @@ Within a chunk, with ``G_t`` the cumulative log decay from the chunk's start (no
 falling), the corrections ``delta_t = beta_t * (v_t - k_t^T S_before_t)`` solve a unit lower
 triangular system (the UT transform of the WY representation) whose right side is affine in the
 chunk's start state ``S_0``: ``delta = U - W S_0``, ``U`` and ``W`` depending on the chunk's keys,
-values, betas and gates only. Every state in the chunk then follows in one matrix product::
+values, betas and gates only. Every state in the chunk then follows from ``S_0``::
 
     S_t = exp(G_t) * S_0 + sum_{j <= t} (exp(G_t - G_j) * k_j) delta_j^T
 
-The UT solve runs for every chunk at once. The chunk's last position gives the next chunk's start
-state, so a loop over chunks (not tokens) carries the state, a few operations per chunk; then the
-product above runs for the asked positions of every chunk at once, in blocks that bound the
-memory beyond the result. Every exponent is ``G_t - G_j`` with ``j <= t`` or ``G_t`` itself, so no
-exp of a positive number is taken.
+The UT solve runs for every chunk at once. The chunk's end state (the sum above at its last
+position, one matrix product) is the next chunk's start, so a loop over chunks (not tokens)
+carries the state, a few operations per chunk. With the start states and the corrections known,
+the sum above is a rank-one update per token, ``S_t = exp(g_t) * S_{t-1} + k_t delta_t^T``, and
+``nnterp.positions.write_chunk_states`` steps every asked chunk through it at once: at most a
+chunk's length of steps, whatever the call's length, each state copied into the result once.
+Every exponent is ``G_t - G_j`` with ``j <= t``, ``G_t`` or ``g_t``, so no exp of a positive
+number is taken.
 """
 
 from __future__ import annotations
@@ -31,12 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nnterp.positions import BLOCK_ELEMENTS, Positions, chunk_slots, select_positions, write_states
-
-#: Tokens per chunk. Each state is formed from its chunk's start state and up to this many writes, while the
-#: loop over chunks costs the same whatever the size: every state of a call takes about half the time it takes
-#: with the kernels' 64 (on a CPU, at the dimensions of bench/trajectory.py), and a few states no longer.
-CHUNK_SIZE = 16
+from nnterp.positions import Positions, asked_chunks, rank_one_steps, select_positions, write_chunk_states
 
 
 def delta_rule_states(
@@ -49,7 +47,7 @@ def delta_rule_states(
     *,
     positions: Positions = None,
     use_qk_l2norm: bool = True,
-    chunk_size: int = CHUNK_SIZE,
+    chunk_size: int = 64,
     dtype: torch.dtype | None = None,
 ) -> Tensor:
     """The state after each token of one delta-rule kernel call, ``[batch, positions, heads, key_dim, value_dim]``.
@@ -135,7 +133,7 @@ def _fill_states(
     chunk_decay = last.exp().transpose(-1, -2)
     end_keys = (key * (last - cumulative).exp()).transpose(-1, -2)
 
-    asked, offsets, real, bounds = chunk_slots(needed, chunk_size)
+    asked = asked_chunks(needed, chunk_size)
     holds_asked = set(asked.tolist())
     state = (
         torch.zeros(batch, heads, key_dim, value_dim, device=device) if initial_state is None else initial_state.float()
@@ -148,32 +146,24 @@ def _fill_states(
             asked_corrections.append(corrections)
         if chunk + 1 < chunks:
             state = chunk_decay[:, :, chunk] * state + end_keys[:, :, chunk] @ corrections
-    # [batch, asked chunks, heads, ...]: the layout of the result, chunk and slot before head
-    starts, asked_corrections = torch.stack(starts, dim=1), torch.stack(asked_corrections, dim=1)
-    cumulative, key = cumulative.transpose(1, 2), key.transpose(1, 2)
 
-    asked, offsets, bounds = asked.to(device), offsets.to(device), bounds.tolist()
-    width = offsets.shape[1]
-    per_block = max(1, BLOCK_ELEMENTS // (batch * heads * width * key_dim * value_dim))
-    for first in range(0, len(asked), per_block):
-        block = slice(first, first + per_block)
-        count = len(asked[block])
-        decay_log = cumulative[:, asked[block]]  # [batch, count, heads, chunk, gates]
-        rows = decay_log.transpose(2, 3)[:, torch.arange(count, device=device)[:, None], offsets[block]]
-        # [batch, count, width, heads, key_dim, chunk]: exp(G_t - G_j) * k_j, zero for j after t,
-        # masked before the exp
-        difference = rows.unsqueeze(-2) - decay_log.unsqueeze(2)
-        after = later[offsets[block]][:, :, None, :, None]
-        decayed = difference.masked_fill(after, float("-inf")).exp().transpose(-1, -2)
-        decayed = decayed * key[:, asked[block]].transpose(-1, -2).unsqueeze(2)
-        write_states(
-            states[:, bounds[first] : bounds[first + count]],
-            real[block],
-            rows.exp().unsqueeze(-1),
-            starts[:, block].unsqueeze(2),
-            decayed,
-            asked_corrections[:, block].unsqueeze(2),
-        )
+    # Within a chunk each token decays the state by its gate and writes its key times its correction.
+    asked = asked.to(device)
+
+    def per_token(tensor: Tensor) -> Tensor:  # [batch, heads, chunks, chunk, n] -> [batch, asked, chunk, heads, n]
+        return tensor[:, :, asked].permute(0, 2, 3, 1, 4)
+
+    write_chunk_states(
+        states,
+        needed,
+        chunk_size,
+        torch.stack(starts, dim=1),
+        rank_one_steps(
+            per_token(gate).exp().unsqueeze(-1),
+            per_token(key).unsqueeze(-1),
+            torch.stack(asked_corrections, dim=1).transpose(2, 3).unsqueeze(-2),
+        ),
+    )
 
 
 def _pairwise_decay(rows: Tensor, columns: Tensor, after: Tensor) -> Tensor:

@@ -15,7 +15,8 @@ dimensions, so it is a first-order linear recurrence, solved by a blocked scan i
    advances every chunk by one token) leaves each chunk's own contribution to its end state;
 2. a loop over chunks carries the state across them: ``h_end = exp(A * sum(dt)) * h_start + own``;
 3. the chunks holding asked positions, at once, from their start states: a second pass over the
-   offsets, up to the furthest asked one, gives the asked states.
+   offsets, up to the furthest asked one, gives the asked states
+   (``nnterp.positions.write_chunk_states``).
 
 Python loops ``2 * chunk_size + seq / chunk_size`` times, each step over a whole tensor. Each decay
 is ``exp`` of a product of a non-negative step and a non-positive ``A``, never of a sum that can
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nnterp.positions import Positions, select_positions
+from nnterp.positions import Advance, Positions, asked_chunks, select_positions, write_chunk_states
 
 
 def selective_scan_states(
@@ -93,46 +94,46 @@ def _fill_states(
         dt = F.softplus(dt)
     step = dt.float()
     written = step * x[..., :end].float()
-    # [batch, channels, chunks, chunk] and B as [batch, chunks, chunk, state_dim]: offset o of every
+    # [batch, chunks, chunk, channels] and B as [batch, chunks, chunk, state_dim]: offset o of every
     # chunk is one slice. Padding tokens have a zero step: no decay and no write.
-    step, written = (F.pad(tensor, (0, pad)).unflatten(-1, (chunks, chunk_size)) for tensor in (step, written))
-    keys = F.pad(B[..., :end].float(), (0, pad)).unflatten(-1, (chunks, chunk_size)).permute(0, 2, 3, 1)
-    rate = A.float().unsqueeze(1)  # [channels, 1, state_dim]
+    step, written, keys = (
+        F.pad(tensor, (0, pad)).unflatten(-1, (chunks, chunk_size)).permute(0, 2, 3, 1)
+        for tensor in (step, written, B[..., :end].float())
+    )
+    rate = A.float()  # [channels, state_dim]
 
-    def advance(state: Tensor, chunk_ids: slice | Tensor, offset: int) -> Tensor:
-        """The state of each chosen chunk one token further: decayed, plus the token's write."""
-        token_step = step[:, :, chunk_ids, offset].unsqueeze(-1)
-        write = written[:, :, chunk_ids, offset].unsqueeze(-1) * keys[:, chunk_ids, offset].unsqueeze(1)
-        return torch.addcmul(write, torch.exp(token_step * rate), state)
+    def scan(step: Tensor, written: Tensor, keys: Tensor) -> Advance:
+        """One token of every chosen chunk, in place: decayed by exp(dt A), plus dt x B."""
+
+        def advance(running: Tensor, chunks: slice, offset: int) -> None:
+            decay = torch.exp(step[:, chunks, offset].unsqueeze(-1) * rate)
+            running.mul_(decay).addcmul_(
+                written[:, chunks, offset].unsqueeze(-1), keys[:, chunks, offset].unsqueeze(-2)
+            )
+
+        return advance
 
     # 1. every chunk but the last, from zero: what it adds to the state by its end
     before_last = slice(0, chunks - 1)
-    own = torch.zeros(batch, channels, chunks - 1, state_dim, device=x.device)
+    own = torch.zeros(batch, chunks - 1, channels, state_dim, device=x.device)
+    every_chunk = scan(step, written, keys)
     for offset in range(chunk_size if chunks > 1 else 0):
-        own = advance(own, before_last, offset)
-    chunk_decay = torch.exp(step[:, :, before_last].sum(-1).unsqueeze(-1) * rate)
+        every_chunk(own, before_last, offset)
+    chunk_decay = torch.exp(step[:, before_last].sum(2).unsqueeze(-1) * rate)
 
     # 2. across chunks: the start state of each chunk holding an asked position
-    chunk_of = torch.div(needed, chunk_size, rounding_mode="floor")
-    asked_chunks = torch.unique(chunk_of)
-    holds_asked = set(asked_chunks.tolist())
+    asked = asked_chunks(needed, chunk_size)
+    holds_asked = set(asked.tolist())
     state = torch.zeros(batch, channels, state_dim, device=x.device) if initial_state is None else initial_state.float()
     starts = []
     for chunk in range(chunks):
         if chunk in holds_asked:
             starts.append(state)
         if chunk + 1 < chunks:
-            state = chunk_decay[:, :, chunk] * state + own[:, :, chunk]
+            state = chunk_decay[:, chunk] * state + own[:, chunk]
 
     # 3. the asked chunks, from their start states, up to the furthest asked offset
-    state = torch.stack(starts, dim=2)
-    slot = torch.searchsorted(asked_chunks, chunk_of).to(x.device)  # each asked position's chunk among them
-    offsets = needed % chunk_size
-    by_offset = torch.argsort(offsets, stable=True).to(x.device)
-    bounds = [0, *torch.bincount(offsets, minlength=chunk_size).cumsum(0).tolist()]
-    asked_chunks = asked_chunks.to(x.device)
-    for offset in range(int(offsets.max()) + 1):
-        state = advance(state, asked_chunks, offset)
-        here = by_offset[bounds[offset] : bounds[offset + 1]]
-        if len(here):
-            states[:, here] = state[:, :, slot[here]].transpose(1, 2).to(states.dtype)
+    asked = asked.to(x.device)
+    write_chunk_states(
+        states, needed, chunk_size, torch.stack(starts, dim=1), scan(step[:, asked], written[:, asked], keys[:, asked])
+    )

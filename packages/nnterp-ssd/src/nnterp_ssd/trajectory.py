@@ -10,15 +10,16 @@ scalar decay per head and token, each token does::
     h_t = exp(dt_t A) h_{t-1} + B_t (dt_t x_t)^T
 
 With ``G_t`` the cumulative log decay ``sum(dt A)`` from the start of a chunk (non-positive and
-falling), every state in the chunk follows from the chunk's start state in one matrix product::
+falling), every state in the chunk follows from the chunk's start state::
 
     h_t = exp(G_t) h_0 + sum_{j <= t} exp(G_t - G_j) B_j (dt_j x_j)^T
 
-Each chunk's own contribution to its end state comes from every chunk at once; a loop over chunks
-(not tokens), one operation per chunk, carries the state across them; then the product above runs
-for the asked positions of every chunk at once, in blocks that bound the memory beyond the result.
-Every exponent is ``G_t - G_j`` with ``j <= t`` or ``G_t`` itself, so no exp of a positive number
-is taken.
+Each chunk's own contribution to its end state comes from every chunk at once (one matrix
+product); a loop over chunks (not tokens), one operation per chunk, carries the state across
+them. Then ``nnterp.positions.write_chunk_states`` steps every asked chunk from its start state
+through the per-token update above at once: at most a chunk's length of steps, whatever the
+call's length, each state copied into the result once. Every exponent is ``G_t - G_j`` with
+``j <= t``, ``G_t`` or ``dt_t A``, so no exp of a positive number is taken.
 """
 
 from __future__ import annotations
@@ -27,12 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nnterp.positions import BLOCK_ELEMENTS, Positions, chunk_slots, select_positions, write_states
-
-#: Tokens per chunk. Each state is formed from its chunk's start state and up to this many writes, while the
-#: loop over chunks costs the same whatever the size: every state of a call takes about half the time it takes
-#: with the kernels' 64 (on a CPU, at the dimensions of bench/trajectory.py), and a few states no longer.
-CHUNK_SIZE = 16
+from nnterp.positions import Positions, asked_chunks, rank_one_steps, select_positions, write_chunk_states
 
 
 def ssd_states(
@@ -46,7 +42,7 @@ def ssd_states(
     dt_bias: Tensor | None = None,
     softplus: bool = True,
     dt_limit: tuple[float, float] = (0.0, float("inf")),
-    chunk_size: int = CHUNK_SIZE,
+    chunk_size: int = 64,
     dtype: torch.dtype | None = None,
 ) -> Tensor:
     """The state after each token of one Mamba-2 scan call, ``[batch, positions, heads, state_dim, head_dim]``.
@@ -116,14 +112,17 @@ def _fill_states(
     # [batch, heads, chunks, state_dim, chunk] (each group repeated over its heads). Padding
     # tokens have a zero step: no decay and no write.
     written = F.pad(written, (0, 0, 0, pad)).unflatten(2, (chunks, chunk_size))
-    cumulative = F.pad(log_decay, (0, pad)).unflatten(2, (chunks, chunk_size)).cumsum(-1)
+    log_decay = F.pad(log_decay, (0, pad)).unflatten(2, (chunks, chunk_size))
+    cumulative = log_decay.cumsum(-1)
     keys = F.pad(B[:, :end].float().transpose(1, 2), (0, 0, 0, pad)).unflatten(2, (chunks, chunk_size))
-    keys = keys.transpose(-1, -2).repeat_interleave(heads // B.shape[2], dim=1)
+    keys = keys.repeat_interleave(heads // B.shape[2], dim=1)  # [batch, heads, chunks, chunk, state_dim]
     last = cumulative[..., -1:]
     chunk_decay = last.exp().unsqueeze(-1)  # [batch, heads, chunks, 1, 1]
-    own = keys @ ((last - cumulative).exp().unsqueeze(-1) * written)  # each chunk's end state from zero
+    own = keys.transpose(-1, -2) @ (
+        (last - cumulative).exp().unsqueeze(-1) * written
+    )  # each chunk's end state from zero
 
-    asked, offsets, real, bounds = chunk_slots(needed, chunk_size)
+    asked = asked_chunks(needed, chunk_size)
     holds_asked = set(asked.tolist())
     state = (
         torch.zeros(batch, heads, state_dim, head_dim, device=device)
@@ -136,27 +135,21 @@ def _fill_states(
             starts.append(state)
         if chunk + 1 < chunks:
             state = torch.addcmul(own[:, :, chunk], chunk_decay[:, :, chunk], state)
-    starts = torch.stack(starts, dim=2)
 
-    later = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=device).triu(1)
-    asked, offsets, bounds = asked.to(device), offsets.to(device), bounds.tolist()
-    width = offsets.shape[1]
-    per_block = max(1, BLOCK_ELEMENTS // (batch * heads * width * state_dim * head_dim))
-    for first in range(0, len(asked), per_block):
-        block = slice(first, first + per_block)
-        count = len(asked[block])
-        decay_log = cumulative[:, :, asked[block]]  # [batch, heads, count, chunk]
-        rows = decay_log[:, :, torch.arange(count, device=device)[:, None], offsets[block]].permute(0, 2, 3, 1)
-        # [batch, count, width, heads, chunk, head_dim]: exp(G_t - G_j) dt_j x_j, zero for j after t,
-        # masked before the exp
-        difference = rows.unsqueeze(-1) - decay_log.transpose(1, 2).unsqueeze(2)
-        difference = difference.masked_fill(later[offsets[block]][:, :, None], float("-inf"))
-        weighted = difference.exp().unsqueeze(-1) * written[:, :, asked[block]].transpose(1, 2).unsqueeze(2)
-        write_states(
-            states[:, bounds[first] : bounds[first + count]],
-            real[block],
-            rows.exp()[..., None, None],
-            starts[:, :, block].transpose(1, 2).unsqueeze(2),
-            keys[:, :, asked[block]].transpose(1, 2).unsqueeze(2),
-            weighted,
-        )
+    # Within a chunk each token decays the state by exp(dt A) and writes B times dt x.
+    asked = asked.to(device)
+
+    def per_token(tensor: Tensor) -> Tensor:  # [batch, heads, chunks, chunk, ...] -> [batch, asked, chunk, heads, ...]
+        return tensor[:, :, asked].movedim(1, 3)
+
+    write_chunk_states(
+        states,
+        needed,
+        chunk_size,
+        torch.stack(starts, dim=1),
+        rank_one_steps(
+            per_token(log_decay).exp()[..., None, None],
+            per_token(keys).unsqueeze(-1),
+            per_token(written).unsqueeze(-2),
+        ),
+    )
