@@ -1,9 +1,12 @@
-"""Which tokens' states to compute: the ``positions=`` selection every state trajectory takes.
+"""Which tokens' states to compute, and how a chunked recurrence writes them: what every state trajectory shares.
 
 A state trajectory computes the state after chosen tokens of one kernel call from the call's own
-arguments, chunk by chunk. These helpers turn a ``positions=`` argument into the sorted positions to
-compute, lay them out by chunk, and bound how much is computed at once, so a few positions of a long
-call never hold every state of it.
+arguments, chunk by chunk: a family's chunked algorithm gives the state each chunk starts from,
+and within a chunk its recurrence steps token by token. These helpers turn a ``positions=``
+argument into the sorted positions to compute (``select_positions``), name the chunks whose start
+state is needed (``asked_chunks``), and step those chunks together, writing each asked state
+into the result once (``write_chunk_states``), so a few positions of a long call never hold
+every state of it.
 """
 
 from __future__ import annotations
