@@ -59,22 +59,6 @@ def asked_chunks(needed: Tensor, chunk_size: int) -> Tensor:
     return torch.unique_consecutive(torch.div(needed, chunk_size, rounding_mode="floor"))
 
 
-def chunk_slots(needed: Tensor, chunk_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Lay sorted, distinct positions out by chunk.
-
-    Returns the offsets asked in each chunk holding one ``[chunks, width]`` (a
-    chunk with fewer than ``width`` repeats its last one), which of those
-    slots are real ``[chunks, width]``, and where each chunk's positions start
-    in ``needed`` ``[chunks + 1]``. Read row by row, the real slots are
-    ``needed`` in order: slot j of chunk i is position ``bounds[i] + j`` of it.
-    """
-    _, counts = torch.unique_consecutive(torch.div(needed, chunk_size, rounding_mode="floor"), return_counts=True)
-    bounds = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    slot = torch.arange(int(counts.max()))
-    taken = bounds[:-1, None] + torch.minimum(slot, counts[:, None] - 1)
-    return needed[taken] % chunk_size, slot < counts[:, None], bounds
-
-
 #: One step of a chunked recurrence: ``advance(running, chunks, step)`` moves the running states of the chunks
 #: ``chunks`` (a slice of the asked chunks) in place past their token at offset ``step``.
 Advance = Callable[[Tensor, slice, int], None]
@@ -92,19 +76,24 @@ def write_chunk_states(states: Tensor, needed: Tensor, chunk_size: int, starts: 
     position's step: nothing beyond the result and a block of running states
     (``BLOCK_ELEMENTS``) is held.
     """
-    offsets, real, bounds = chunk_slots(needed.cpu(), chunk_size)
-    positions = bounds[:-1, None] + torch.arange(offsets.shape[1])  # where each slot's state goes in the result
+    needed = needed.cpu()
+    offset = needed % chunk_size
+    # each position's chunk, counted among the chunks holding one (the order of ``starts``)
+    _, chunk = torch.unique_consecutive(torch.div(needed, chunk_size, rounding_mode="floor"), return_inverse=True)
     per_block = max(1, BLOCK_ELEMENTS // starts[:, :1].numel())
-    for first in range(0, offsets.shape[0], per_block):
+    for first in range(0, starts.shape[1], per_block):
         block = slice(first, first + per_block)
         running = starts[:, block].clone()
-        asked = real[block] & (offsets[block] == torch.arange(chunk_size)[:, None, None])  # [step, chunks, width]
-        for step in range(int(offsets[block][real[block]].max()) + 1):
+        in_block = (chunk >= first) & (chunk < first + per_block)
+        for step in range(int(offset[in_block].max()) + 1):
             advance(running, block, step)
-            chunks, slots = asked[step].nonzero(as_tuple=True)
-            if len(chunks):
-                source = running if len(chunks) == running.shape[1] else running[:, chunks.to(running.device)]
-                _copy_to(states, positions[block][chunks, slots], source)
+            here = torch.nonzero(in_block & (offset == step)).squeeze(1)  # where this step's states go in the result
+            if len(here):
+                # one position per chunk at most: every chunk of the block, in order, or some of them
+                source = (
+                    running if len(here) == running.shape[1] else running[:, (chunk[here] - first).to(running.device)]
+                )
+                _copy_to(states, here, source)
 
 
 def rank_one_steps(decay: Tensor, left: Tensor, right: Tensor) -> Advance:
