@@ -71,8 +71,7 @@ class LinearAttention(RecurrentMixer):
     CHUNK_KERNEL = "torch_chunk_gated_delta_rule_0"
     RECURRENT_KERNEL = "torch_recurrent_gated_delta_rule_0"
     STATE_OP = "last_recurrent_state_3"
-    # the cache copies the step's new state into the buffer it passed as initial_state
-    DECODE_STATE = "initial_state"
+    STARTING_STATE = ("initial_state", "initial_state")
 
     # -- sizes ---------------------------------------------------------------------
 
@@ -211,7 +210,7 @@ class LinearAttention(RecurrentMixer):
                 named["value"],
                 named["g"],
                 named["beta"],
-                self.entering_state() if self.decoding() else named.get("initial_state"),
+                self.entering_state(),
                 positions=positions,
                 use_qk_l2norm=named.get("use_qk_l2norm_in_kernel", False),
                 dtype=dtype,

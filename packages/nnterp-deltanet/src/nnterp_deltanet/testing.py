@@ -20,10 +20,10 @@ from contextlib import contextmanager
 
 import torch
 
-from nnterp import RecurrentMixer, Unavailable, route_kernels
+from nnterp import RecurrentMixer, StandardizedTransformer, Unavailable, route_kernels
 from nnterp.components.recurrent import ROUTE_HINT, TRACED_BEFORE_ROUTING, dispatch, function_name, modeling_module
 from nnterp.registry import REGISTRY
-from nnterp.testing import PROMPT, RecurrentMixerSuite, close, tiny_standardized
+from nnterp.testing import PROMPT, RecurrentMixerSuite, blocks_with, close
 from nnterp.testing.recurrent import BATCH, STEPS
 
 from .blocks import MissingMixer
@@ -90,6 +90,24 @@ class DeltaNetSuite(RecurrentMixerSuite):
     def setup_class(cls) -> None:
         route_kernels(REGISTRY.family(cls.family), "torch")
         super().setup_class()
+
+    @classmethod
+    def build_model(cls) -> StandardizedTransformer:
+        """The family's tiny model, with decays as mild as a trained model's.
+
+        Initialized, a head's log decay reaches -16 per token and forgets any
+        state within a token, so a wrong starting state would go unseen;
+        ``exp(A_log)`` from 0.005 to 0.05 keeps most of it from one token to
+        the next.
+        """
+        model = super().build_model()
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for layer in blocks_with(model, "linear_attn"):
+                for name, weight in model.layers[layer].linear_attn._module.named_parameters():
+                    if name.endswith("A_log"):  # Kimi's sits in its forget gate
+                        weight.copy_(torch.empty(weight.shape).uniform_(0.005, 0.05, generator=generator).log())
+        return model
 
     @classmethod
     def teardown_class(cls) -> None:
@@ -285,7 +303,7 @@ class DeltaNetSuite(RecurrentMixerSuite):
         family = REGISTRY.family(self.family)
         route_kernels(family, "default")
         try:
-            chunked = tiny_standardized(family, **self.load)
+            chunked = self.build_model()
             layer = self.recurrent_layers()[0]
             mixer = chunked.layers[layer].linear_attn
             reason = chunked.support(layer=layer)["linear_attn.states"]
@@ -308,7 +326,7 @@ class DeltaNetSuite(RecurrentMixerSuite):
         family = REGISTRY.family(self.family)
         route_kernels(family, "default")
         try:
-            late = tiny_standardized(family, **self.load)
+            late = self.build_model()
             mixer = late.layers[self.recurrent_layers()[0]].linear_attn
             with late.trace(PROMPT):
                 mixer.attention_queries.save()
@@ -338,7 +356,7 @@ class DeltaNetSuite(RecurrentMixerSuite):
         pure = dispatch(imported).torch_function
         try:
             setattr(modeling, name, use_kernel_func_from_hub_with_fallback("dumps", "json")(pure))
-            compiled = tiny_standardized(family, **self.load)
+            compiled = self.build_model()
             support = compiled.support(layer=layer)
             with raises_unavailable("optimized kernel (json)"):
                 with compiled.trace(PROMPT):

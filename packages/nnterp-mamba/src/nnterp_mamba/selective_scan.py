@@ -110,7 +110,6 @@ class SelectiveScan(RecurrentMixer):
     RECURRENT_KERNEL = "mamba_selective_state_update_0"
     STATE_OP = "ssm_state_3"
     STEP_STATE_OP = "ssm_state_0"
-    DECODE_STATE = 0
     #: Each argument's place (position or keyword) in the scan's call and in the update's.
     ARGUMENTS = {
         "state": (None, 0),
@@ -122,6 +121,8 @@ class SelectiveScan(RecurrentMixer):
         "dt_bias": ("delta_bias", "dt_bias"),
         "softplus": ("delta_softplus", "dt_softplus"),
     }
+    # a prompt's scan starts from zeros
+    STARTING_STATE = ARGUMENTS["state"]
     #: Inside each kernel (scan, update): the binding of y = C . h + D * x, before the silu(z) gate.
     HEAD_OUTPUTS = ("scan_output_5", "out_1")
     #: Inside the update: the new state as the cache's ``state.copy_`` receives it.
@@ -323,7 +324,7 @@ class SelectiveScan(RecurrentMixer):
                 dt,
                 self._argument("A"),
                 B,
-                self.entering_state() if decoding else None,
+                self.entering_state(),
                 positions=positions,
                 dt_bias=self._argument("dt_bias"),
                 softplus=bool(self._argument("softplus")),

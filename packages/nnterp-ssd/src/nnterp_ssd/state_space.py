@@ -137,7 +137,6 @@ class StateSpace(RecurrentMixer):
 
     CHUNK_KERNEL = "mamba2_chunk_scan_0"
     RECURRENT_KERNEL = "mamba2_selective_state_update_0"
-    DECODE_STATE = 0
     #: Inside the chunk scan: the state at every chunk boundary, [batch, chunks + 1, heads, head_dim, state_dim].
     CHUNK_STATES = "new_states_0"
     #: Inside the chunk scan: its last boundary state, what it returns as the final state.
@@ -167,6 +166,7 @@ class StateSpace(RecurrentMixer):
         "dt_bias": "dt_bias",
         "softplus": "dt_softplus",
     }
+    STARTING_STATE = (CHUNK_ARGUMENTS["state"], RECURRENT_ARGUMENTS["state"])
     #: The config attribute the mixer's chunk size is built from (chunk_per_token(enabled=False) restores it).
     CHUNK_SIZE_CONFIG = "chunk_size"
 
@@ -417,7 +417,7 @@ class StateSpace(RecurrentMixer):
         if self.decoding():
             # the update's tensors have no sequence axis, and its dt is repeated over head_dim
             x, dt, B = self._tokens(x), self._tokens(dt[..., 0]), self._tokens(B)
-        initial = self.entering_state() if self.decoding() else self._argument("state")
+        initial = self.entering_state()
         with torch.no_grad():
             return ssd_states(
                 x,

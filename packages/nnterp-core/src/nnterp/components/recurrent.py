@@ -432,9 +432,10 @@ class RecurrentMixer(Sublayer):
     DISPATCHED: str = "implementation_0"
     #: What needs_recurrent_routing says while the family's kernels are not routed.
     ROUTE_HINT: str = ROUTE_HINT
-    #: Where the decode kernel takes the cached state (a position or keyword) when the step overwrites that buffer in
-    #: place, the kernel or the cache after it; ``None`` otherwise. ``entering_state`` keeps a copy.
-    DECODE_STATE: int | str | None = None
+    #: Where the prompt's kernel and the decode kernel take the state the call starts from (a position or a
+    #: keyword; ``None`` for a kernel that takes none). It is the cache's buffer, which the forward overwrites with
+    #: the call's final state (the decode kernel in place, the cache after a prompt), so ``entering_state`` copies it.
+    STARTING_STATE: tuple[int | str | None, int | str | None] = (None, None)
 
     @property
     def source(self) -> Any:
@@ -479,22 +480,19 @@ class RecurrentMixer(Sublayer):
     def call_arguments(self) -> tuple[tuple, dict]:
         """The ``(args, kwargs)`` of the kernel call that fires on this call of the mixer, read once per call.
 
-        On a decode step of a mixer whose update overwrites the cached state in
-        place (``DECODE_STATE``), a copy of the state it starts from is kept
-        too, under ``"entering_state"``: the arguments are first read at the
-        call's start, before the update runs, so a value computed afterwards
-        (``state_trajectory`` read after ``state_output``) still sees it.
+        A copy of the state the call starts from is taken with them
+        (``entering_state``): they are first read at the call's start, before
+        anything overwrites that state.
         """
         arguments = per_call(self, "arguments", lambda: self._kernel_call().inputs)
-        if self._overwrites_state():
-            per_call(self, "entering_state", lambda: self._state_argument(arguments).clone())
+        per_call(self, "entering_state", lambda: self._copied_state(arguments))
         return arguments
 
     def replaced(self, location: str, value: Any) -> None:
         """An assignment to the kernel call's arguments replaces the recorded ones: what is computed from them follows.
 
-        Called while the model waits at the call, before the kernel runs, so a
-        decode step's entering state is copied again from the new arguments.
+        Called while the model waits at the call, before the kernel runs, so the
+        entering state is copied again from the new arguments.
         """
         if not location.startswith(f"{self.path}.source."):
             return  # the module's own input or output: not an argument of a call inside its forward
@@ -502,26 +500,27 @@ class RecurrentMixer(Sublayer):
         if location != type(call).inputs._location(call):
             return
         replace_per_call(self, "arguments", value)
-        if self._overwrites_state():
-            replace_per_call(self, "entering_state", self._state_argument(value).clone())
+        replace_per_call(self, "entering_state", self._copied_state(value))
 
-    def entering_state(self) -> torch.Tensor:
-        """A decode step's starting state as the kernel received it: a copy taken before the update overwrites it.
+    def entering_state(self) -> torch.Tensor | None:
+        """The state this call starts from as its kernel received it (``STARTING_STATE``), or ``None`` for zeros.
 
-        For mixers with ``DECODE_STATE``, on a decode step only. It follows an
-        assignment to the state argument (``state_input``).
+        A copy taken at the call's start: the kernel receives the cache's
+        buffer, which the forward overwrites with the call's final state, so
+        what is computed from the call's arguments afterwards
+        (``state_trajectory`` read after ``attention_output``) starts from
+        this. It follows an assignment to the state argument (``state_input``).
         """
         self.call_arguments()
         return per_call(self, "entering_state", lambda: None)
 
-    def _overwrites_state(self) -> bool:
-        """Whether this call's kernel overwrites the state it is handed (a decode step of a mixer with ``DECODE_STATE``)."""
-        return type(self).DECODE_STATE is not None and self.decoding()
-
-    def _state_argument(self, arguments: tuple[tuple, dict]) -> torch.Tensor:
+    def _copied_state(self, arguments: tuple[tuple, dict]) -> torch.Tensor | None:
+        place = type(self).STARTING_STATE[self.decoding()]
+        if place is None:
+            return None
         args, kwargs = arguments
-        place = type(self).DECODE_STATE
-        return kwargs.get(place) if isinstance(place, str) else args[place]
+        state = kwargs.get(place) if isinstance(place, str) else args[place]
+        return None if state is None else state.clone()
 
     def _kernel_call(self) -> Any:
         """The operation envoy of the kernel call that fires on this call of the mixer."""

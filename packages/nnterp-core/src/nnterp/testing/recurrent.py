@@ -12,12 +12,14 @@ then compares the two, on a prompt, a left-padded batch, each decode step of
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
 
+from ..components.recurrent import CACHE_ARGUMENTS
 from .suites import PROMPT, Suite, blocks_with
 
 #: How far a computed trajectory may be from the model's own states, relative to their largest entry (float32).
@@ -136,6 +138,27 @@ class RecurrentMixerSuite(Suite):
             assert len(steps) == STEPS and steps[-1].shape[1] == 1, "a decode step's trajectory is one token"
             for step, (trajectory, states) in enumerate(zip(steps, expected, strict=True)):
                 close_relative(trajectory, states, f"layers[{layer}] step {step}: state_trajectory vs states")
+
+    def test_state_trajectory_of_a_call_continuing_a_cache(self) -> None:
+        """Several tokens after a cached prompt, read at the mixer's output: the cache it started from is overwritten by then."""
+        ids = self.model.tokenizer(PROMPT, return_tensors="pt").input_ids
+        split = ids.shape[1] // 2
+        module = self.model._module
+        accepted = inspect.signature(module.forward).parameters
+        name = next(name for name in CACHE_ARGUMENTS if name in accepted)
+        layers = self.recurrent_layers()
+        read: list[torch.Tensor] = []
+        with self.per_token_states():
+            prompt = module(ids[:, :split], use_cache=True)
+            cache = next(getattr(prompt, name) for name in CACHE_ARGUMENTS if getattr(prompt, name, None) is not None)
+            with self.model.trace(ids[:, split:], use_cache=True, **{name: cache}):
+                for layer in layers:
+                    mixer = self.mixer(layer)
+                    read.append(mixer.states.save())
+                    mixer.output.save()
+                    read.append(mixer.state_trajectory.save())
+        for layer, states, trajectory in zip(layers, read[::2], read[1::2], strict=True):
+            close_relative(trajectory, states, f"layers[{layer}] state_trajectory of a call continuing a cache")
 
     def test_state_trajectory_follows_assignments_made_after_other_reads(self) -> None:
         """An assignment made after the call's arguments were first read still reaches the trajectory."""
