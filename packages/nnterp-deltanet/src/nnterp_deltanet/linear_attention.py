@@ -155,10 +155,10 @@ class LinearAttention(RecurrentMixer):
     def state_input(self, value: Any) -> State | None:
         """The state this call starts from, [batch, heads, key_dim, value_dim]: ``None`` on a fresh prompt.
 
-        On a decode step, a copy of the cached state: the cache overwrites its
-        buffer with the step's new state, so the live tensor would read as
-        this step's output by the end of the trace. Assign to replace what the
-        call starts from.
+        Over a cached state, a copy of it: the cache overwrites its buffer
+        with the call's final state, so the live tensor would read as this
+        call's output by the end of the trace. Assign to replace what the call
+        starts from.
         """
         return None if value is None else value.clone()
 
@@ -194,8 +194,8 @@ class LinearAttention(RecurrentMixer):
 
         It reads only the call's arguments, as assigned (an assigned
         ``attention_keys`` or ``state_input`` is in it), so it can be read
-        before or after the call's other values; a decode step starts from a
-        copy of the cached state taken before the cache overwrites it. No
+        before or after the call's other values; a call over a cached state
+        starts from a copy of it taken before the cache overwrites it. No
         gradient flows through it: the computation writes into its result in
         place, which autograd refuses.
         """

@@ -406,11 +406,11 @@ class StateSpace(RecurrentMixer):
         otherwise. No gradient flows through it.
 
         It computes from the call's arguments as assigned: a ``state_input``,
-        ``betas``, ``decays`` or x, B assigned before the read is in it. A
-        decode step's update overwrites the cached state in place: the
-        trajectory starts from a copy taken before the update
-        (``entering_state``), so it can be read before or after the call's
-        other values.
+        ``betas``, ``decays`` or x, B assigned before the read is in it. The
+        cached state a call starts from is overwritten in place (by a decode
+        step's update, or the cache after a prompt): the trajectory starts
+        from a copy taken at the call's start (``entering_state``), so it can
+        be read before or after the call's other values.
         """
         dt_bias, A, dt_limit = self._gate_inputs()
         x, dt, B = (self._argument(name) for name in ("hidden_states", "dt", "B"))
