@@ -109,18 +109,17 @@ def _fill_states(
     written = (hidden_states[:, :end].float() * step.unsqueeze(-1)).transpose(1, 2)
     log_decay = (A.float() * step).transpose(1, 2)
     # [batch, heads, chunks, chunk, head_dim], [batch, heads, chunks, chunk], and B as
-    # [batch, heads, chunks, state_dim, chunk] (each group repeated over its heads). Padding
+    # [batch, heads, chunks, chunk, state_dim] (each group repeated over its heads). Padding
     # tokens have a zero step: no decay and no write.
     written = F.pad(written, (0, 0, 0, pad)).unflatten(2, (chunks, chunk_size))
     log_decay = F.pad(log_decay, (0, pad)).unflatten(2, (chunks, chunk_size))
     cumulative = log_decay.cumsum(-1)
     keys = F.pad(B[:, :end].float().transpose(1, 2), (0, 0, 0, pad)).unflatten(2, (chunks, chunk_size))
-    keys = keys.repeat_interleave(heads // B.shape[2], dim=1)  # [batch, heads, chunks, chunk, state_dim]
+    keys = keys.repeat_interleave(heads // B.shape[2], dim=1)
     last = cumulative[..., -1:]
     chunk_decay = last.exp().unsqueeze(-1)  # [batch, heads, chunks, 1, 1]
-    own = keys.transpose(-1, -2) @ (
-        (last - cumulative).exp().unsqueeze(-1) * written
-    )  # each chunk's end state from zero
+    # each chunk's end state from a zero start
+    own = keys.transpose(-1, -2) @ ((last - cumulative).exp().unsqueeze(-1) * written)
 
     asked = asked_chunks(needed, chunk_size)
     holds_asked = set(asked.tolist())
