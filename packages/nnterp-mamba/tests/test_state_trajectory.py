@@ -1,11 +1,8 @@
-"""state_trajectory where the per-token states are not served: unrouted kernels, and an optimized kernel installed."""
+"""state_trajectory where the per-token states are not served: the unrouted kernels, checked against a reference."""
 
 import pytest
-import torch
-from transformers.integrations import use_kernel_func_from_hub_with_fallback
 
 from nnterp import route_kernels
-from nnterp.components.recurrent import dispatch
 from nnterp.registry import REGISTRY
 from nnterp.testing import PROMPT, blocks_with, close_relative, tiny_standardized
 from nnterp_mamba.selective_scan import UNROUTED
@@ -32,32 +29,3 @@ def test_unrouted_scan_serves_the_trajectory(family):
     expected, _ = selective_scan_reference(*arguments, D=mixer._module.D.detach())
     close_relative(trajectory, expected, "unrouted state_trajectory vs a reference scan of the served values")
     close_relative(trajectory[:, -1], leaving, "unrouted state_trajectory[:, -1] vs the scan's final state")
-
-
-def test_an_optimized_kernel_leaves_the_trajectory_available():
-    family = REGISTRY.family("mamba")
-    modeling = family.MODELING
-    route_kernels(family, "default")
-    imported = modeling.mamba_selective_scan
-    try:
-        # transformers' dispatcher finding an "optimized" kernel in an importable package (json stands in for mamba_ssm)
-        modeling.mamba_selective_scan = use_kernel_func_from_hub_with_fallback("dumps", "json")(
-            dispatch(imported).torch_function
-        )
-        model = tiny_standardized(family)
-        support = model.support(layer=blocks_with(model, "linear_attn")[0])
-    finally:
-        modeling.mamba_selective_scan = imported
-    assert "optimized kernel (json)" in support["linear_attn.attention_queries"]
-    assert support["linear_attn.state_trajectory"] is None
-
-
-def test_the_trajectory_follows_a_bfloat16_kernel():
-    route_kernels(REGISTRY.family("mamba"), "default")
-    model = tiny_standardized("mamba", dtype=torch.bfloat16)
-    mixer = model.layers[blocks_with(model, "linear_attn")[0]].linear_attn
-    saved: list = []
-    with model.trace(PROMPT):
-        saved.extend((mixer.state_trajectory.save(), mixer.trajectory(dtype=torch.float32).save()))
-    assert saved[0].dtype == torch.bfloat16 and saved[1].dtype == torch.float32
-    assert torch.equal(saved[0], saved[1].to(torch.bfloat16))

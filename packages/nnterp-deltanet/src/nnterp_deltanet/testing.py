@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import torch
 
 from nnterp import RecurrentMixer, StandardizedTransformer, Unavailable, route_kernels
-from nnterp.components.recurrent import ROUTE_HINT, TRACED_BEFORE_ROUTING, dispatch, function_name, modeling_module
+from nnterp.components.recurrent import ROUTE_HINT, TRACED_BEFORE_ROUTING, function_name, modeling_module
 from nnterp.registry import REGISTRY
 from nnterp.testing import PROMPT, RecurrentMixerSuite, blocks_with, close
 from nnterp.testing.recurrent import BATCH, STEPS
@@ -90,6 +90,18 @@ class DeltaNetSuite(RecurrentMixerSuite):
     def setup_class(cls) -> None:
         route_kernels(REGISTRY.family(cls.family), "torch")
         super().setup_class()
+
+    @contextmanager
+    def default_kernels(self) -> Iterator[None]:
+        family = REGISTRY.family(self.family)
+        route_kernels(family, "default")
+        try:
+            yield
+        finally:
+            with warnings.catch_warnings():
+                # the class's model was traced under "torch" and keeps it, as intended
+                warnings.filterwarnings("ignore", "route_kernels: .* already traced")
+                route_kernels(family, "torch")
 
     @classmethod
     def build_model(cls) -> StandardizedTransformer:
@@ -300,9 +312,7 @@ class DeltaNetSuite(RecurrentMixerSuite):
     # -- kernels, routing and errors ----------------------------------------------------
 
     def test_default_kernels_serve_the_same_values_and_refuse_states(self) -> None:
-        family = REGISTRY.family(self.family)
-        route_kernels(family, "default")
-        try:
+        with self.default_kernels():
             chunked = self.build_model()
             layer = self.recurrent_layers()[0]
             mixer = chunked.layers[layer].linear_attn
@@ -314,10 +324,6 @@ class DeltaNetSuite(RecurrentMixerSuite):
             with raises_unavailable(ROUTE_HINT):
                 with chunked.trace(PROMPT):
                     mixer.states.save()
-        finally:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "route_kernels: .* already traced")
-                route_kernels(family, "torch")
         routed_heads, routed_state = self.read_mixer(layer, "attention_head_outputs", "state_output")
         close(saved[0], routed_heads, atol=1e-4, what="head outputs: chunked vs token-by-token kernel")
         close(saved[1], routed_state, atol=1e-4, what="state_output: chunked vs token-by-token kernel")
@@ -339,36 +345,6 @@ class DeltaNetSuite(RecurrentMixerSuite):
         with raises_unavailable(TRACED_BEFORE_ROUTING):
             with late.trace(PROMPT):
                 mixer.states.save()
-
-    def test_an_optimized_kernel_makes_kernel_values_unavailable(self) -> None:
-        from transformers.integrations import use_kernel_func_from_hub_with_fallback
-
-        family = REGISTRY.family(self.family)
-        layer = self.recurrent_layers()[0]
-        mixer_class = type(self.model.layers[layer].linear_attn)
-        module_class = next(key for key, value in family.ENVOYS.items() if value is mixer_class)
-        modeling = modeling_module(module_class)
-        name = function_name(mixer_class.CHUNK_KERNEL)
-        route_kernels(family, "default")
-        imported = getattr(modeling, name)
-        # transformers' own dispatcher, finding an "optimized" implementation in an importable package
-        # (json.dumps stands in for fla's kernel: it is never called, only looked at).
-        pure = dispatch(imported).torch_function
-        try:
-            setattr(modeling, name, use_kernel_func_from_hub_with_fallback("dumps", "json")(pure))
-            compiled = self.build_model()
-            support = compiled.support(layer=layer)
-            with raises_unavailable("optimized kernel (json)"):
-                with compiled.trace(PROMPT):
-                    compiled.layers[layer].linear_attn.attention_queries.save()
-        finally:
-            setattr(modeling, name, imported)
-            route_kernels(family, "torch")
-        for value in ("attention_queries", "state_output", "states"):
-            reason = support[f"linear_attn.{value}"]
-            assert reason is not None and "nnterp.route_kernels(model.family, 'torch')" in reason, (
-                f"{value}: {reason!r}"
-            )
 
     def test_state_index_outside_the_call_raises(self) -> None:
         seq = self.prompt_length()

@@ -14,6 +14,9 @@ and a state written at token t against the outputs before and after t.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import ClassVar
 
 import torch
@@ -69,6 +72,17 @@ class SelectiveScanSuite(RecurrentMixerSuite):
     @classmethod
     def teardown_class(cls) -> None:
         route_kernels(cls.model.family, "default")
+
+    @contextmanager
+    def default_kernels(self) -> Iterator[None]:
+        route_kernels(self.model.family, "default")
+        try:
+            yield
+        finally:
+            with warnings.catch_warnings():
+                # the class's model was traced under "torch" and keeps it, as intended
+                warnings.filterwarnings("ignore", "route_kernels: .* already traced")
+                route_kernels(self.model.family, "torch")
 
     def seq_len(self) -> int:
         return len(self.model.tokenizer(PROMPT).input_ids)

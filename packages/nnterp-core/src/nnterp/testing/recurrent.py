@@ -18,8 +18,12 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
+from transformers.integrations import use_kernel_func_from_hub_with_fallback
 
-from ..components.recurrent import CACHE_ARGUMENTS
+from ..components.recurrent import CACHE_ARGUMENTS, dispatch, function_name, modeling_module
+from ..descriptor import Unavailable
+from ..registry import REGISTRY
+from .models import tiny_standardized
 from .suites import PROMPT, Suite, blocks_with
 
 #: How far a computed trajectory may be from the model's own states, relative to their largest entry (float32).
@@ -82,6 +86,11 @@ class RecurrentMixerSuite(Suite):
     @contextmanager
     def per_token_states(self) -> Iterator[None]:
         """Where the mixers' ``states`` serve every token's state: the class's model as it is, unless a suite says."""
+        yield
+
+    @contextmanager
+    def default_kernels(self) -> Iterator[None]:
+        """The family's kernels as transformers binds them, for a model built inside; a suite that routes its class's model routes back after."""
         yield
 
     def mixer(self, layer: int) -> Any:
@@ -203,6 +212,52 @@ class RecurrentMixerSuite(Suite):
         untouched, trajectory, states = read
         assert not torch.allclose(trajectory[:, 0], untouched[:, 0]), "the assigned state_input changed no state"
         close_relative(trajectory, states, "a prompt's trajectory vs states after a state_input assignment")
+
+    def test_an_optimized_kernel_leaves_only_the_trajectory(self) -> None:
+        """With an optimized prompt kernel bound, the values read inside it are unavailable and state_trajectory is not.
+
+        transformers' own hub dispatcher finds an "optimized" implementation in
+        an importable package: json stands in for flash-linear-attention or
+        mamba_ssm (it is looked at, never called).
+        """
+        layer = self.recurrent_layers()[0]
+        mixer_class = type(self.mixer(layer))
+        module_class = next(key for key, value in REGISTRY.family(self.family).ENVOYS.items() if value is mixer_class)
+        modeling, name = modeling_module(module_class), function_name(mixer_class.CHUNK_KERNEL)
+        with self.default_kernels():
+            imported = getattr(modeling, name)
+            try:
+                setattr(
+                    modeling,
+                    name,
+                    use_kernel_func_from_hub_with_fallback("dumps", "json")(dispatch(imported).torch_function),
+                )
+                compiled = self.build_model()
+                support = compiled.support(layer=layer)
+                try:
+                    with compiled.trace(PROMPT):
+                        compiled.layers[layer].linear_attn.attention_queries.save()
+                except Unavailable as error:
+                    assert "optimized kernel (json)" in str(error), str(error)
+                else:
+                    raise AssertionError("attention_queries was read past an optimized kernel")
+            finally:
+                setattr(modeling, name, imported)
+        for value in ("attention_queries", "state_output"):
+            reason = support[f"linear_attn.{value}"]
+            assert reason is not None and "optimized kernel (json)" in reason, f"{value}: {reason!r}"
+            assert "nnterp.route_kernels(model.family, 'torch')" in reason, f"{value}: {reason!r}"
+        assert support["linear_attn.state_trajectory"] is None, support["linear_attn.state_trajectory"]
+
+    def test_the_trajectory_follows_a_bfloat16_kernel(self) -> None:
+        """A bf16 model gives bf16 states: the float32 ones, rounded once."""
+        model = tiny_standardized(self.family, dtype=torch.bfloat16, **self.load)
+        mixer = model.layers[self.recurrent_layers()[0]].linear_attn
+        read: list[torch.Tensor] = []
+        with model.trace(PROMPT):
+            read.extend((mixer.state_trajectory.save(), mixer.trajectory(dtype=torch.float32).save()))
+        assert read[0].dtype == torch.bfloat16 and read[1].dtype == torch.float32
+        assert torch.equal(read[0], read[1].to(torch.bfloat16))
 
     def test_trajectory_positions_select_the_full_trajectory(self) -> None:
         selections = (slice(1, None, 2), [-1, 0, 3], 2)
