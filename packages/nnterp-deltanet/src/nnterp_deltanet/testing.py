@@ -85,23 +85,7 @@ class DeltaNetSuite(RecurrentMixerSuite):
     """A gated DeltaNet's values: the delta rule they describe, the state after every token, and its writes."""
 
     ASSIGNABLE = ("attention_keys", "attention_values", "decays", "betas")
-
-    @classmethod
-    def setup_class(cls) -> None:
-        route_kernels(REGISTRY.family(cls.family), "torch")
-        super().setup_class()
-
-    @contextmanager
-    def default_kernels(self) -> Iterator[None]:
-        family = REGISTRY.family(self.family)
-        route_kernels(family, "default")
-        try:
-            yield
-        finally:
-            with warnings.catch_warnings():
-                # the class's model was traced under "torch" and keeps it, as intended
-                warnings.filterwarnings("ignore", "route_kernels: .* already traced")
-                route_kernels(family, "torch")
+    ROUTED = True
 
     @classmethod
     def build_model(cls) -> StandardizedTransformer:
@@ -120,10 +104,6 @@ class DeltaNetSuite(RecurrentMixerSuite):
                     if name.endswith("A_log"):  # Kimi's sits in its forget gate
                         weight.copy_(torch.empty(weight.shape).uniform_(0.005, 0.05, generator=generator).log())
         return model
-
-    @classmethod
-    def teardown_class(cls) -> None:
-        route_kernels(REGISTRY.family(cls.family), "default")
 
     def prompt_length(self) -> int:
         return len(self.model.tokenizer(PROMPT).input_ids)

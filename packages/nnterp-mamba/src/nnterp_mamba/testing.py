@@ -14,14 +14,10 @@ and a state written at token t against the outputs before and after t.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import ClassVar
 
 import torch
 
-from nnterp import route_kernels
 from nnterp.testing import PROMPT, RecurrentMixerSuite, close
 
 ATOL = 1e-5
@@ -61,28 +57,13 @@ class SelectiveScanSuite(RecurrentMixerSuite):
 
     # a prompt's scan starts from zeros: a starting state is only a decode step's
     PROMPT_STATE_INPUT = False
+    ROUTED = True
     prompt_values: ClassVar[dict[int, dict[str, torch.Tensor]]]
 
     @classmethod
     def setup_class(cls) -> None:
         super().setup_class()
         cls.prompt_values = {}
-        route_kernels(cls.model.family, "torch")
-
-    @classmethod
-    def teardown_class(cls) -> None:
-        route_kernels(cls.model.family, "default")
-
-    @contextmanager
-    def default_kernels(self) -> Iterator[None]:
-        route_kernels(self.model.family, "default")
-        try:
-            yield
-        finally:
-            with warnings.catch_warnings():
-                # the class's model was traced under "torch" and keeps it, as intended
-                warnings.filterwarnings("ignore", "route_kernels: .* already traced")
-                route_kernels(self.model.family, "torch")
 
     def seq_len(self) -> int:
         return len(self.model.tokenizer(PROMPT).input_ids)

@@ -13,6 +13,7 @@ then compares the two, on a prompt, a left-padded batch, each decode step of
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -20,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 from transformers.integrations import use_kernel_func_from_hub_with_fallback
 
-from ..components.recurrent import CACHE_ARGUMENTS, dispatch, function_name, modeling_module
+from ..components.recurrent import CACHE_ARGUMENTS, dispatch, function_name, modeling_module, route_kernels
 from ..descriptor import Unavailable
 from ..registry import REGISTRY
 from .models import tiny_standardized
@@ -76,6 +77,20 @@ class RecurrentMixerSuite(Suite):
     ASSIGNABLE: ClassVar[tuple[str, ...]] = ("attention_keys", "attention_values")
     #: Whether a prompt's kernel takes a starting state, so that ``state_input`` may be assigned on a prompt.
     PROMPT_STATE_INPUT: ClassVar[bool] = True
+    #: Whether the class's model runs its family routed to the token-by-token kernels (``route_kernels(family,
+    #: "torch")``, for the class and back after it), which is how the family's ``states`` serve every token.
+    ROUTED: ClassVar[bool] = False
+
+    @classmethod
+    def setup_class(cls) -> None:
+        if cls.ROUTED:
+            route_kernels(REGISTRY.family(cls.family), "torch")
+        super().setup_class()
+
+    @classmethod
+    def teardown_class(cls) -> None:
+        if cls.ROUTED:
+            route_kernels(REGISTRY.family(cls.family), "default")
 
     def recurrent_layers(self) -> list[int]:
         """The blocks with a recurrent mixer (``linear_attn``); call it outside a trace."""
@@ -90,8 +105,18 @@ class RecurrentMixerSuite(Suite):
 
     @contextmanager
     def default_kernels(self) -> Iterator[None]:
-        """The family's kernels as transformers binds them, for a model built inside; a suite that routes its class's model routes back after."""
-        yield
+        """The family's kernels as transformers binds them, for a model built inside; routed again after, if ``ROUTED``."""
+        family = REGISTRY.family(self.family)
+        if self.ROUTED:
+            route_kernels(family, "default")
+        try:
+            yield
+        finally:
+            if self.ROUTED:
+                with warnings.catch_warnings():
+                    # the class's model was traced under "torch" and keeps it, as intended
+                    warnings.filterwarnings("ignore", "route_kernels: .* already traced")
+                    route_kernels(family, "torch")
 
     def mixer(self, layer: int) -> Any:
         return self.model.layers[layer].linear_attn
