@@ -31,15 +31,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import deltanet
 import harness
+import mamba
+import ssd
 import torch
 
 import nnterp
 from nnterp import route_kernels
 from nnterp.testing import blocks_with
-
-#: The shape every family's two mixer blocks share with its own benchmark.
-IDS = dict(vocab_size=1024, pad_token_id=0, eos_token_id=1, bos_token_id=2)
 
 
 @dataclass(frozen=True)
@@ -52,49 +52,25 @@ class Family:
     load: dict = field(default_factory=dict)
 
 
+#: Each family's two mixer blocks, with the dimensions of its own benchmark.
 FAMILIES = {
     "deltanet": Family(
         "qwen3_5_text",
-        dict(
-            IDS,
-            hidden_size=1024,
-            intermediate_size=3584,
-            # the model needs one softmax attention block: its cache reports the sequence length
-            num_hidden_layers=3,
-            layer_types=["linear_attention", "linear_attention", "full_attention"],
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            head_dim=256,
-            linear_num_key_heads=16,
-            linear_num_value_heads=16,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
-            linear_conv_kernel_dim=4,
-        ),
+        # the model needs one softmax attention block: its cache reports the sequence length
+        {**deltanet.CONFIG, "num_hidden_layers": 3, "layer_types": ["linear_attention"] * 2 + ["full_attention"]},
         "gated DeltaNet, 2 mixers (16 heads x 128 x 128), hidden 1024",
         "routed",
         dict(attn_implementation="eager"),
     ),
     "mamba": Family(
         "mamba",
-        dict(IDS, hidden_size=768, state_size=16, expand=2, conv_kernel=4, time_step_rank=48, num_hidden_layers=2),
+        {**mamba.CONFIG, "num_hidden_layers": 2},
         "Mamba-1, 2 mixers (1536 channels x state 16), hidden 768",
         "routed",
     ),
     "ssd": Family(
         "mamba2",
-        dict(
-            IDS,
-            hidden_size=768,
-            num_heads=24,
-            head_dim=64,
-            state_size=128,
-            n_groups=1,
-            expand=2,
-            conv_kernel=4,
-            chunk_size=256,
-            num_hidden_layers=2,
-        ),
+        {**ssd.CONFIG, "num_hidden_layers": 2},
         "Mamba-2, 2 mixers (24 heads x head_dim 64 x state 128, chunk 256), hidden 768",
         "chunk_per_token",
     ),
