@@ -13,6 +13,7 @@ then compares the two, on a prompt, a left-padded batch, each decode step of
 from __future__ import annotations
 
 import inspect
+import unittest
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -138,6 +139,26 @@ class RecurrentMixerSuite(Suite):
         ):
             close_relative(trajectory, states, f"layers[{layer}] state_trajectory vs states on a prompt")
             assert trajectory.dtype == states.dtype
+
+    def test_state_trajectory_under_the_default_kernels(self) -> None:
+        """Unrouted, where ``states`` cannot serve every token, the trajectory is the routed model's states."""
+        if not self.ROUTED:
+            raise unittest.SkipTest("the class's model runs the default kernels, which the prompt check covers")
+        layers = self.recurrent_layers()
+        trajectories: list[torch.Tensor] = []
+        states: list[torch.Tensor] = []
+        with self.default_kernels():
+            unrouted = self.build_model()
+            support = unrouted.support(layer=layers[0])
+            with unrouted.trace(PROMPT):
+                trajectories.extend(unrouted.layers[layer].linear_attn.state_trajectory.save() for layer in layers)
+        with self.model.trace(PROMPT):
+            states.extend(self.mixer(layer).states.save() for layer in layers)
+        hint = type(self.mixer(layers[0])).ROUTE_HINT
+        assert support["linear_attn.states"] == hint, f"unrouted states: support says {support['linear_attn.states']!r}"
+        assert support["linear_attn.state_trajectory"] is None, support["linear_attn.state_trajectory"]
+        for layer, trajectory, expected in zip(layers, trajectories, states, strict=True):
+            close_relative(trajectory, expected, f"layers[{layer}] unrouted state_trajectory vs routed states")
 
     def test_state_trajectory_in_a_left_padded_batch(self) -> None:
         tokenizer = self.model.tokenizer
