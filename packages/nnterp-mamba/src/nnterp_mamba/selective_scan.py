@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels, per_call
-from nnterp.components.recurrent import kernel, needs_kernel_call, needs_recurrent_routing
+from nnterp.components.recurrent import argument_at, kernel, needs_kernel_call, needs_recurrent_routing
 from nnterp.layouts import ScanDecays, ScanQK, ScanState, ScanStates, ScanSteps, ScanValues
 from nnterp.positions import Positions
 
@@ -152,10 +152,8 @@ class SelectiveScan(RecurrentMixer):
         """The call's length: the scan's x is [batch, channels, seq]; the update takes one token."""
         return 1 if self.decoding() else args[0].shape[2]
 
-    def _argument(self, name: str, arguments: tuple[tuple, dict] | None = None) -> Any:
-        args, kwargs = self.call_arguments() if arguments is None else arguments
-        place = self.ARGUMENTS[name][self.decoding()]
-        return kwargs.get(place) if isinstance(place, str) else args[place]
+    def _argument(self, name: str) -> Any:
+        return argument_at(self.call_arguments(), self.ARGUMENTS[name][self.decoding()])
 
     def _inside(self, operation: str) -> str:
         """The key of ``operation``, a binding inside the kernel that fires on this call."""

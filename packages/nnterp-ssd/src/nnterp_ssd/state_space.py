@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from nnterp import DerivedEProperty, EProperty, Unavailable, unavailable
 from nnterp.components.recurrent import (
     RecurrentMixer,
+    argument_at,
     kernel,
     needs_kernel_call,
     needs_torch_kernels,
@@ -197,11 +198,9 @@ class StateSpace(RecurrentMixer):
     def _argument_table(self) -> dict[str, int | str]:
         return self.RECURRENT_ARGUMENTS if self.decoding() else self.CHUNK_ARGUMENTS
 
-    def _argument(self, name: str, arguments: tuple[tuple, dict] | None = None) -> Any:
+    def _argument(self, name: str) -> Any:
         """The argument ``name`` of the kernel call that fires on this call (read once per call)."""
-        args, kwargs = self.call_arguments() if arguments is None else arguments
-        where = self._argument_table()[name]
-        return kwargs.get(where) if isinstance(where, str) else args[where]
+        return argument_at(self.call_arguments(), self._argument_table()[name])
 
     def _kernel_path(self, attribute: str) -> str:
         """Where a value is served on this call: at the prompt's scan call, or inside the decode step's update."""

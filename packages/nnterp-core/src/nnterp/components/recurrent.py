@@ -384,6 +384,12 @@ def kernel(attribute: str) -> Callable[["RecurrentMixer"], str]:
     return key
 
 
+def argument_at(arguments: tuple[tuple, dict], place: int | str) -> Any:
+    """The argument of a call's ``(args, kwargs)`` at ``place``: a position, or a keyword (``None`` when not passed)."""
+    args, kwargs = arguments
+    return kwargs.get(place) if isinstance(place, str) else args[place]
+
+
 def _call_arguments(arguments: tuple[tuple, dict]) -> tuple[torch.Tensor, Any]:
     """The hidden states and the cache a mixer was called with."""
     args, kwargs = arguments
@@ -516,10 +522,7 @@ class RecurrentMixer(Sublayer):
 
     def _copied_state(self, arguments: tuple[tuple, dict]) -> torch.Tensor | None:
         place = type(self).STARTING_STATE[self.decoding()]
-        if place is None:
-            return None
-        args, kwargs = arguments
-        state = kwargs.get(place) if isinstance(place, str) else args[place]
+        state = None if place is None else argument_at(arguments, place)
         return None if state is None else state.clone()
 
     def _kernel_call(self) -> Any:
