@@ -29,14 +29,18 @@ raises :class:`Unavailable` with it before the model runs.
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import torch
 from nnsight.intervention.envoy import Envoy
-from nnsight.intervention.eproperty import eproperty
-from nnsight.intervention.interleaver import Mediator
+from nnsight.intervention.eproperty import WriteBack, eproperty
+from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 from nnsight.intervention.source import SourceNotAvailable
 from nnsight.intervention.util import first_input, replace_first_input
+
+from .order import FORWARD_ORDER, OrderError, passed, standard_path
 
 Reason = "str | Callable[[Envoy], str | None] | None"
 Select = "int | str | Callable[[Envoy], int | str | None] | None"
@@ -100,6 +104,7 @@ class EProperty(eproperty):
         self.unavailable = unavailable
         self.select = select
         self._define: Callable | None = None
+        self._write_back: Callable | None = None
 
     def __call__(self, define: Callable) -> "EProperty":
         super().__call__(define)
@@ -119,7 +124,8 @@ class EProperty(eproperty):
 
     def transform(self, func: Callable) -> "EProperty":
         """Register the write-back of an edited view: ``func(envoy, view, element)`` returns the element to put back."""
-        self._transform = lambda obj, view, raw: self._place(obj, raw, func(obj, view, self._pick(obj, raw)))
+        self._write_back = func
+        self._transform = func
         return self
 
     # -- what the value is -------------------------------------------------
@@ -174,32 +180,132 @@ class EProperty(eproperty):
     def _check(self, obj: Envoy) -> None:
         reason = self.reason(obj)
         if reason is not None:
-            raise Unavailable(f"{self.name} on {obj.path}: {reason}")
-        try:
-            Mediator.current(self.name)
-        except ValueError:
-            raise ValueError(
-                f"{self.name} on {obj.path} is a value of the running model: read or write it inside "
-                f"`with model.trace(...)` or `with model.generate(...)`"
-            ) from None
+            raise Unavailable(f"{self.name} on {standard_path(obj)}: {reason}")
+        inside_trace(obj, self.name)
 
     def __get__(self, obj: Envoy | None, owner: Any = None) -> Any:
         if obj is None:
             return self
         self._check(obj)
-        return super().__get__(obj, owner)
+        with self.in_order(obj):
+            check_order(obj, self.name)
+            value = self._read(obj)
+        record_order(obj, self.name)
+        return value
+
+    def _read(self, obj: Envoy) -> Any:
+        """Wait for the value's place, serve the value, and bind an edited view's write-back (as nnsight's eproperty does).
+
+        Where the element sits in the served container is decided here, at
+        read time: the write-back runs when the worker next moves on, maybe
+        already pinned to another step, where a key function would answer for
+        that step.
+        """
+        location = self._location(obj)
+        self._check_ahead(obj, location)
+        mediator = Mediator.current(location)
+        occurrence = mediator.wanted(location)
+        if self._write_back is not None:
+            waiting = mediator.transform
+            if waiting is not None and waiting.key == (self, location, occurrence):
+                return waiting.view
+        raw = Mediator.value(location)
+        attribute, element = self._attribute(obj), self._element(obj)
+        value = self._define(obj, pick(attribute, element, raw))
+        if self._write_back is not None:
+
+            def write_back() -> Any:
+                return place(attribute, element, raw, self._write_back(obj, value, pick(attribute, element, raw)))
+
+            mediator.transform = WriteBack(write_back, value, self, location, occurrence)
+        return value
 
     def __set__(self, obj: Envoy, value: Any) -> None:
+        """Check ``value`` against the value's layout at its place, then put it there; the model changes only if it fits."""
         self._check(obj)
-        if self._postprocess is not None:
-            value = self._postprocess(obj, value)
-        location = self._location(obj)
-        if self._in_container(obj):
-            value = self._place(obj, Mediator.value(location), value)
-        Mediator.swap(location, value)
+        with self.in_order(obj):
+            check_order(obj, self.name)
+            location = self._location(obj)
+            self._check_ahead(obj, location)
+            raw = Mediator.value(location)
+            self.check_layout(obj, self._serve(obj, raw), value)
+            if self._postprocess is not None:
+                value = self._postprocess(obj, value)
+            location = self._location(obj)
+            if self._in_container(obj):
+                value = self._place(obj, Mediator.value(location), value)
+            Mediator.swap(location, value)
+        record_order(obj, self.name, written=True)
         replaced = getattr(type(obj), "replaced", None)
         if replaced is not None:
             replaced(obj, location, value)
+
+    @contextmanager
+    def in_order(self, obj: Envoy) -> Iterator[None]:
+        """Name this value in an out-of-order error nnsight throws into the worker when the run ends without serving it.
+
+        A request nnsight finds dangling with a ``tracer.iter`` pin is a loop
+        that outran the generation, which it warns about; that one is left
+        to it.
+        """
+        try:
+            yield
+        except OrderError:
+            raise
+        except OutOfOrderError:
+            if Mediator.current(self.name).iteration != 0:
+                raise
+            raise OrderError(self.order_message(obj)) from None
+
+    def order_message(self, obj: Envoy, detail: str = "") -> str:
+        """What an out-of-order request for this value says: the value, the forward's order, the fix."""
+        order = getattr(obj, "order_hint", lambda name: FORWARD_ORDER)(self.name)
+        return f"{self.name} on {standard_path(obj)} was asked for after the forward produced it{detail}; {order}"
+
+    def _check_ahead(self, obj: Envoy, location: str) -> None:
+        reached = passed(location)
+        if reached is not None:
+            raise OrderError(self.order_message(obj, f" (its place has been reached {reached} time(s) in this run)"))
+
+    def check_layout(self, obj: Envoy, current: Any, value: Any) -> None:
+        """Raise ``ValueError`` unless ``value`` has the shape and kind of number of ``current``, the value it replaces.
+
+        Where there is no current tensor (a state a fresh prompt does not
+        start from), the layout's model axes are checked instead.
+        """
+        if isinstance(current, torch.Tensor):
+            expected: tuple[int | None, ...] | None = tuple(current.shape)
+            kind = number_kind(current)
+        else:
+            expected, kind = self._layout_shape(obj), "floating point"
+            if current is not None or expected is None or value is None:
+                return
+        where = f"{self.name} on {standard_path(obj)}"
+        spelled = "(" + ", ".join("*" if size is None else str(size) for size in expected) + ")"
+        axes = f" [{', '.join(self.dims)}]" if self.dims and len(self.dims) == len(expected) else ""
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{where}: assign a tensor of shape {spelled}{axes}, not a {type(value).__name__}")
+        fits = len(value.shape) == len(expected) and all(
+            size is None or size == given for size, given in zip(expected, value.shape, strict=True)
+        )
+        if not fits:
+            raise ValueError(
+                f"{where}: expected a tensor of shape {spelled}{axes}, got {tuple(value.shape)}; nothing was "
+                f"written (to broadcast, expand it first: value.expand({spelled.strip('()')}))"
+            )
+        if number_kind(value) != kind:
+            raise ValueError(f"{where}: expected {kind} numbers, got a {value.dtype} tensor; nothing was written")
+
+    def _layout_shape(self, obj: Envoy) -> tuple[int | None, ...] | None:
+        """The layout's shape on ``obj``: each model axis's size, ``None`` for batch and seq."""
+        from .components.standard import axis_size
+
+        if self.dims is None:
+            return None
+        try:
+            return tuple(None if axis in ("batch", "seq") else axis_size(obj, axis) for axis in self.dims)
+        except ValueError:
+            return None
 
     def _location(self, obj: Envoy) -> str:
         target, attribute = resolve(obj, self.key_for(obj))
@@ -218,35 +324,10 @@ class EProperty(eproperty):
         return self._attribute(obj) in ARGUMENT_ATTRIBUTES or self._attribute(obj) == "output"
 
     def _pick(self, obj: Envoy, raw: Any) -> Any:
-        attribute = self._attribute(obj)
-        element = self._element(obj)
-        if attribute in ARGUMENT_ATTRIBUTES:
-            if element is None:
-                return first_input(*raw) if attribute == "input" else raw
-            args, kwargs = raw
-            if isinstance(element, str):
-                return kwargs[element]
-            return args[element]
-        if attribute == "output":
-            if isinstance(raw, tuple):
-                return raw[0 if element is None else element]
-            return raw
-        return raw
+        return pick(self._attribute(obj), self._element(obj), raw)
 
     def _place(self, obj: Envoy, raw: Any, value: Any) -> Any:
-        attribute = self._attribute(obj)
-        element = self._element(obj)
-        if attribute == "input" and element is None:
-            return replace_first_input(*raw, value)
-        if attribute in ARGUMENT_ATTRIBUTES and element is not None:
-            args, kwargs = raw
-            if isinstance(element, str):
-                return args, {**kwargs, element: value}
-            return (*args[:element], value, *args[element + 1 :]), kwargs
-        if attribute == "output" and isinstance(raw, tuple):
-            index = 0 if element is None else element
-            return (*raw[:index], value, *raw[index + 1 :])
-        return value
+        return place(self._attribute(obj), self._element(obj), raw, value)
 
     def _serve(self, obj: Envoy, raw: Any) -> Any:
         return self._define(obj, self._pick(obj, raw))
@@ -273,13 +354,82 @@ class DerivedEProperty(EProperty):
         if obj is None:
             return self
         self._check(obj)
-        return self.compute(obj)
+        with self.in_order(obj):
+            check_order(obj, self.name)
+            value = self.compute(obj)
+        record_order(obj, self.name)
+        return value
 
     def __set__(self, obj: Envoy, value: Any) -> None:
         raise AttributeError(f"{self.name} is derived and read-only")
 
     def is_operation(self) -> bool:
         return True
+
+
+def pick(attribute: str, element: int | str | None, raw: Any) -> Any:
+    """The element of a served container a value is: one argument of ``(args, kwargs)``, one item of a tuple output."""
+    if attribute in ARGUMENT_ATTRIBUTES:
+        if element is None:
+            return first_input(*raw) if attribute == "input" else raw
+        args, kwargs = raw
+        if isinstance(element, str):
+            return kwargs[element]
+        return args[element]
+    if attribute == "output":
+        if isinstance(raw, tuple):
+            return raw[0 if element is None else element]
+        return raw
+    return raw
+
+
+def place(attribute: str, element: int | str | None, raw: Any, value: Any) -> Any:
+    """``raw`` with ``value`` put where :func:`pick` found the element."""
+    if attribute == "input" and element is None:
+        return replace_first_input(*raw, value)
+    if attribute in ARGUMENT_ATTRIBUTES and element is not None:
+        args, kwargs = raw
+        if isinstance(element, str):
+            return args, {**kwargs, element: value}
+        return (*args[:element], value, *args[element + 1 :]), kwargs
+    if attribute == "output" and isinstance(raw, tuple):
+        index = 0 if element is None else element
+        return (*raw[:index], value, *raw[index + 1 :])
+    return value
+
+
+def inside_trace(obj: Envoy, what: str) -> None:
+    """Raise a ``ValueError`` saying where ``what`` can be used unless a trace is running."""
+    try:
+        Mediator.current(what)
+    except ValueError:
+        raise ValueError(
+            f"{what} on {standard_path(obj)} is a value of the running model: read or write it inside "
+            f"`with model.trace(...)` or `with model.generate(...)`"
+        ) from None
+
+
+def check_order(obj: Envoy, name: str) -> None:
+    """Let the host refuse ``name`` now, when its forward has passed the value's place (a recurrent mixer's call)."""
+    check = getattr(type(obj), "check_order", None)
+    if check is not None:
+        check(obj, name)
+
+
+def record_order(obj: Envoy, name: str, written: bool = False) -> None:
+    """Tell the host ``name`` was served (or written), so later requests can be checked against it."""
+    record = getattr(type(obj), "record_order", None)
+    if record is not None:
+        record(obj, name, written)
+
+
+def number_kind(tensor: torch.Tensor) -> str:
+    """The kind of number a tensor holds: a write must keep it."""
+    if tensor.dtype == torch.bool:
+        return "boolean"
+    if tensor.is_complex():
+        return "complex"
+    return "floating point" if tensor.is_floating_point() else "integer"
 
 
 def unavailable(reason: str) -> EProperty:

@@ -9,6 +9,7 @@ import torch
 
 from nnterp import DerivedEProperty, EProperty
 from nnterp.components.recurrent import (
+    RETURNED_TOGETHER,
     RecurrentMixer,
     kernel,
     needs_kernel_call,
@@ -72,6 +73,9 @@ class LinearAttention(RecurrentMixer):
     RECURRENT_KERNEL = "torch_recurrent_gated_delta_rule_0"
     STATE_OP = "last_recurrent_state_3"
     STARTING_STATE = ("initial_state", "initial_state")
+    # both kernels return (head outputs, final state)
+    ORDER = RETURNED_TOGETHER
+    KIND = "gated DeltaNet"
 
     # -- sizes ---------------------------------------------------------------------
 

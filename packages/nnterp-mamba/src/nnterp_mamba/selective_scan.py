@@ -9,8 +9,15 @@ import torch
 import torch.nn.functional as F
 
 from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels, per_call
-from nnterp.components.recurrent import argument_at, kernel, needs_kernel_call, needs_recurrent_routing
+from nnterp.components.recurrent import (
+    RETURNED_TOGETHER,
+    argument_at,
+    kernel,
+    needs_kernel_call,
+    needs_recurrent_routing,
+)
 from nnterp.layouts import ScanDecays, ScanQK, ScanState, ScanStates, ScanSteps, ScanValues
+from nnterp.order import standard_path
 from nnterp.positions import Positions
 
 from .trajectory import selective_scan_states
@@ -51,6 +58,11 @@ def needs_token_loop(envoy: "SelectiveScan") -> str | None:
             "use_mambapy = False on each mixer module) to run the token loop"
         )
     return None
+
+
+def _same(state: torch.Tensor) -> torch.Tensor:
+    """A Mamba-1 state's standard layout is the kernel's."""
+    return state
 
 
 def argument(name: str):
@@ -125,9 +137,12 @@ class SelectiveScan(RecurrentMixer):
     STARTING_STATE = ARGUMENTS["state"]
     #: Inside each kernel (scan, update): the binding of y = C . h + D * x, before the silu(z) gate.
     HEAD_OUTPUTS = ("scan_output_5", "out_1")
+    ROUTE_HINT = UNROUTED
     #: Inside the update: the new state as the cache's ``state.copy_`` receives it.
     UPDATED_STATE = "ssm_state_to_0"
-    ROUTE_HINT = UNROUTED
+    KIND = "Mamba-1 selective scan"
+    # a prompt's final state comes back with the scan's output; a decode step's is read on either side of y
+    DECODE_ORDER = RETURNED_TOGETHER
 
     # -- sizes ---------------------------------------------------------------------
 
@@ -244,9 +259,8 @@ class SelectiveScan(RecurrentMixer):
     def attention_head_outputs(self, value: Any) -> ScanValues:
         """y = C . h + D * x, [batch, seq, channels]: the scan's output before the silu(z) gate and ``out_proj``.
 
-        A binding inside the kernel. On a decode step the update computes the
-        new state before y, so read ``state_output`` first there. Assign, or
-        edit in place.
+        A binding inside the kernel, read before ``state_output`` on prompts and
+        decode steps alike. Assign, or edit in place.
         """
         return _tokens_first(value, self.decoding())
 
@@ -256,22 +270,38 @@ class SelectiveScan(RecurrentMixer):
 
     def _state_output_key(self) -> str:
         if self.decoding():
-            return self._inside(self.UPDATED_STATE)
+            return kernel("output")(self) if self.reads_state_after_the_update() else self._inside(self.UPDATED_STATE)
         if not self.call_arguments()[1].get("return_last_state", False):
-            raise Unavailable(f"state_output on {self.path}: {NO_FINAL_STATE}")
+            raise Unavailable(f"state_output on {standard_path(self)}: {NO_FINAL_STATE}")
         return kernel("output")(self)
 
-    @EProperty(_state_output_key, unavailable=needs_torch_kernels, select=lambda envoy: None if envoy.decoding() else 1)
+    # select=1: the scan's (output, last state); on a decode step the place serves one tensor
+    @EProperty(_state_output_key, unavailable=needs_torch_kernels, select=1)
     def state_output(self, value: Any) -> ScanState:
         """The state after the call's last token, [batch, channels, state_dim], as the cache receives it.
 
-        The state the scan returns on a prompt; on a decode step the new state
-        the update copies into the cache. Assigning it changes what the next
-        decode step starts from, not this call's output. Assign rather than
-        edit in place on a decode step: in float32 the update's copy is the
-        very tensor its y is read from.
+        The state the scan returns on a prompt. On a decode step a copy of the
+        new state: inside the update, or, when ``attention_head_outputs`` was
+        read first, of the cache's buffer once the update has returned.
+        Assigning it, or editing it in place, changes what the next decode step
+        starts from, not this call's output.
         """
-        return value
+        if not self.decoding():
+            return value
+        if self.reads_state_after_the_update():
+            return self.serve_state(self.updated_state(), _same, buffer=self.updated_state())
+        return self.serve_state(value, _same)
+
+    @state_output.postprocess
+    def state_output(self, value: torch.Tensor) -> Any:
+        if not (self.decoding() and self.reads_state_after_the_update()):
+            return value
+        self.write_updated_state(value, _same)
+        return self._kernel_call().output
+
+    @state_output.transform
+    def state_output(self, view: torch.Tensor, element: Any) -> Any:
+        return self.write_back_state(view, element)
 
     # -- the state after every token ---------------------------------------------------------
 
@@ -334,9 +364,3 @@ class SelectiveScan(RecurrentMixer):
         return self.trajectory()
 
     state_trajectory = DerivedEProperty(_state_trajectory, unavailable=needs_kernel_call)
-
-    def _position(self, method: str, t: int) -> tuple[Any, int]:
-        reason = needs_token_loop(self)
-        if reason is not None:
-            raise Unavailable(f"{method} on {self.path}: {reason}")
-        return super()._position(method, t)

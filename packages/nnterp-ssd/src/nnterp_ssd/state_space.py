@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from nnterp import DerivedEProperty, EProperty, Unavailable, unavailable
 from nnterp.components.recurrent import (
+    RETURNED_TOGETHER,
     RecurrentMixer,
     argument_at,
     kernel,
@@ -18,6 +19,7 @@ from nnterp.components.recurrent import (
 )
 from nnterp.descriptor import resolve
 from nnterp.layouts import Gates, SSDHeadOutputs, SSDKeys, SSDQueries, SSDState, SSDStates, SSDValues
+from nnterp.order import standard_path
 from nnterp.positions import Positions
 
 from .trajectory import ssd_states
@@ -70,6 +72,11 @@ def _inverse_softplus(value: torch.Tensor) -> torch.Tensor:
     """x with softplus(x) == value, for value > 0 (float32)."""
     value = value.float()
     return torch.where(value > SOFTPLUS_THRESHOLD, value, value + torch.log(-torch.expm1(-value)))
+
+
+def _transposed(state: torch.Tensor) -> torch.Tensor:
+    """A state between the kernel's [..., head_dim, state_dim] and the standard [..., state_dim, head_dim] (a view)."""
+    return state.transpose(-1, -2)
 
 
 def _kernel_key(attribute: str) -> Callable[["StateSpace"], str]:
@@ -142,7 +149,7 @@ class StateSpace(RecurrentMixer):
     CHUNK_STATES = "new_states_0"
     #: Inside the chunk scan: its last boundary state, what it returns as the final state.
     FINAL_STATE = "final_state_0"
-    #: Inside the single-step update: the new state as the cache's buffer receives it.
+    #: Inside the single-step update: the new state as the cache's buffer receives it (a decode step's ``states``).
     UPDATED_STATE = "ssm_states_to_0"
     #: Inside the single-step update: y with the D skip, before the optional z gate.
     STEP_OUTPUT = "out_2"
@@ -168,6 +175,9 @@ class StateSpace(RecurrentMixer):
         "softplus": "dt_softplus",
     }
     STARTING_STATE = (CHUNK_ARGUMENTS["state"], RECURRENT_ARGUMENTS["state"])
+    # the scan returns (y, final state); a decode step's state is read on either side of y
+    ORDER = RETURNED_TOGETHER
+    KIND = "Mamba-2 (SSD)"
     #: The config attribute the mixer's chunk size is built from (chunk_per_token(enabled=False) restores it).
     CHUNK_SIZE_CONFIG = "chunk_size"
 
@@ -206,6 +216,8 @@ class StateSpace(RecurrentMixer):
         """Where a value is served on this call: at the prompt's scan call, or inside the decode step's update."""
         cls = type(self)
         if self.decoding():
+            if attribute == "state" and self.reads_state_after_the_update():
+                return f"source.{cls.RECURRENT_KERNEL}.output"
             operation = {"output": cls.STEP_OUTPUT, "state": cls.UPDATED_STATE}[attribute]
             return f"{self.kernel_body(cls.RECURRENT_KERNEL)}.{operation}.output"
         if attribute == "state" and not self._returns_state():
@@ -367,29 +379,48 @@ class StateSpace(RecurrentMixer):
     def state_output(self, value: Any) -> SSDState:
         """The state after the call's last token, [batch, mixer_heads, state_dim, head_dim]: what the next decode step starts from.
 
-        What the cache receives: the scan's final state on a prompt, the
-        updated state the decode step copies into the cache. Assigning it
-        changes what the next step starts from, not this call's output.
+        What the cache receives: the scan's final state on a prompt. On a
+        decode step a copy of the new state: inside the update, or, when
+        ``attention_head_outputs`` was read first, of the cache's buffer once
+        the update has returned. Assigning it, or editing it in place, changes
+        what the next step starts from, not this call's output.
         """
-        return value.transpose(-1, -2)
+        if not self.decoding():
+            return _transposed(value)
+        if self.reads_state_after_the_update():
+            return self.serve_state(self.updated_state(), _transposed, buffer=self.updated_state())
+        return self.serve_state(value, _transposed)
 
     @state_output.postprocess
-    def state_output(self, value: torch.Tensor) -> torch.Tensor:
-        return value.transpose(-1, -2)
+    def state_output(self, value: torch.Tensor) -> Any:
+        if not (self.decoding() and self.reads_state_after_the_update()):
+            return _transposed(value)
+        self.write_updated_state(value, _transposed)
+        return self._kernel_call().output
+
+    @state_output.transform
+    def state_output(self, view: torch.Tensor, element: Any) -> Any:
+        return self.write_back_state(view, element)
 
     # -- the state after every token ------------------------------------------------------
 
     state = unavailable(NO_STATE_OCCURRENCES)
 
-    def _states(self) -> SSDStates:
-        """The state after every token of this call, [batch, seq, mixer_heads, state_dim, head_dim]; needs nnterp.chunk_per_token(model)."""
+    def per_token_states(self) -> SSDStates:
+        """Every token's state as the chunk scan binds it, at chunk boundaries one token apart (``chunk_per_token``)."""
+        cls = type(self)
         if self.decoding():
-            return self.state_output.unsqueeze(1)
-        node, attribute = resolve(self, f"{self.kernel_body(type(self).CHUNK_KERNEL)}.{type(self).CHUNK_STATES}.output")
+            node, attribute = resolve(self, f"{self.kernel_body(cls.RECURRENT_KERNEL)}.{cls.UPDATED_STATE}.output")
+            return _transposed(getattr(node, attribute)).unsqueeze(1)
+        node, attribute = resolve(self, f"{self.kernel_body(cls.CHUNK_KERNEL)}.{cls.CHUNK_STATES}.output")
         boundaries = getattr(node, attribute)
-        return boundaries[:, 1:].transpose(-1, -2)
+        return _transposed(boundaries[:, 1:])
 
-    states = DerivedEProperty(_states, unavailable=needs_per_token_chunks)
+    def _ssd_states(self) -> SSDStates:
+        """The state after every token of this call, [batch, seq, mixer_heads, state_dim, head_dim]; needs nnterp.chunk_per_token(model)."""
+        return self._states()
+
+    states = DerivedEProperty(_ssd_states, unavailable=needs_per_token_chunks)
 
     def trajectory(self, positions: Positions = None, dtype: torch.dtype | None = None) -> SSDStates:
         """The state after chosen tokens of this call, [batch, positions, mixer_heads, state_dim, head_dim], computed from its arguments.
@@ -449,7 +480,7 @@ class StateSpace(RecurrentMixer):
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Unavailable on a Mamba-2 mixer: the chunk scan has no per-token state to write (``NO_STATE_WRITES``)."""
-        raise Unavailable(f"set_state_after on {self.path}: {NO_STATE_WRITES}")
+        raise Unavailable(f"set_state_after on {standard_path(self)}: {NO_STATE_WRITES}")
 
 
 def chunk_per_token(model: Any, enabled: bool = True) -> None:

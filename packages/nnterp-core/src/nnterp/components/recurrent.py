@@ -33,10 +33,24 @@ import torch
 from nnsight.intervention.interleaver import Mediator
 from nnsight.intervention.source import STATE, decorator_chain
 
-from ..descriptor import DerivedEProperty, EProperty, Unavailable
+from ..descriptor import DerivedEProperty, EProperty, Unavailable, inside_trace
 from ..layouts import Residual, State, States
+from ..order import OrderError, standard_path
 from ..registry import REGISTRY
 from .standard import Sublayer, contribution
+
+#: The values read at a kernel call's arguments: the forward produces them together, as the call starts.
+CALL_ARGUMENTS = ("state_input", "attention_queries", "attention_keys", "attention_values", "decays", "betas")
+#: A call's order where the kernel returns its head outputs and its final state together.
+RETURNED_TOGETHER = (
+    CALL_ARGUMENTS,
+    ("state", "states"),
+    ("attention_head_outputs", "state_output"),
+    ("attention_output",),
+)
+
+#: Values a mixer serves from the call's recorded arguments once the forward has passed their place.
+RECOMPUTED = ("states", "state_trajectory")
 
 #: The modes :func:`route_kernels` accepts.
 ROUTE_MODES = ("torch", "default")
@@ -60,6 +74,10 @@ TRACED_BEFORE_ROUTING = (
     "forward with the kernels bound then, and it keeps calling the chunked one. Route before the first trace "
     "that touches the mixer (load the model again to apply the routing to it)"
 )
+
+#: The attribute of a served state copy holding (the buffer it goes back into or ``None``, its layout), for the
+#: write-back of an in-place edit.
+SERVED_FROM = "_nnterp_served_from"
 
 #: Mixer modules whose forward nnsight has instrumented: route_kernels warns that they keep their kernels.
 _INSTRUMENTED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
@@ -104,8 +122,20 @@ def replace_per_call(envoy: Any, key: str, value: Any) -> None:
 def _records(envoy: Any, key: str) -> tuple[dict, int]:
     """The worker's per-call records, and the call of ``envoy``'s module they are for now."""
     mediator = Mediator.current(key)
-    call = mediator.iteration or mediator.occurrence(f"{envoy.path}.output")
-    return mediator.worker.__dict__.setdefault(RECORDS, {}), call
+    return mediator.worker.__dict__.setdefault(RECORDS, {}), current_call(envoy)
+
+
+def current_call(envoy: Any) -> int:
+    """The call of ``envoy``'s module the worker's next request is for.
+
+    The call the worker is pinned to (``tracer.iter[k]`` on ``generate``, one
+    call per step; 0 in a plain trace), or, relaxed, the call running now or
+    about to start: how many times the module's output has been passed.
+    """
+    mediator = Mediator.current("call")
+    if mediator.iteration is not None:
+        return mediator.iteration
+    return mediator.occurrence(f"{envoy.path}.output")
 
 
 @contextmanager
@@ -442,6 +472,19 @@ class RecurrentMixer(Sublayer):
     #: keyword; ``None`` for a kernel that takes none). It is the cache's buffer, which the forward overwrites with
     #: the call's final state (the decode kernel in place, the cache after a prompt), so ``entering_state`` copies it.
     STARTING_STATE: tuple[int | str | None, int | str | None] = (None, None)
+    #: The values of one call in the order its forward produces them on a prompt, a group at one place (any order
+    #: within it). ``states`` stands for ``state_after`` and ``set_state_after`` too.
+    ORDER: tuple[tuple[str, ...], ...] = (
+        CALL_ARGUMENTS,
+        ("state", "states"),
+        ("attention_head_outputs",),
+        ("state_output",),
+        ("attention_output",),
+    )
+    #: The order on a decode step, where it differs from ``ORDER``.
+    DECODE_ORDER: tuple[tuple[str, ...], ...] | None = None
+    #: What ``ORDER`` says in words, for the errors.
+    KIND: str = "recurrent mixer"
 
     @property
     def source(self) -> Any:
@@ -525,6 +568,70 @@ class RecurrentMixer(Sublayer):
         state = None if place is None else argument_at(arguments, place)
         return None if state is None else state.clone()
 
+    def updated_state(self) -> torch.Tensor:
+        """The cache's state buffer a decode kernel updates in place (its ``STARTING_STATE`` argument).
+
+        Once the decode kernel has returned, the buffer holds the state after
+        the step: where ``state_output`` is read on a decode step, after every
+        value inside the kernel, so that one order of reads holds on prompts and
+        decode steps alike.
+        """
+        return argument_at(self.call_arguments(), type(self).STARTING_STATE[1])
+
+    def reads_state_after_the_update(self) -> bool:
+        """Whether a decode step's ``state_output`` is read once the kernel has returned, rather than inside it.
+
+        Inside (at the binding of the new state, before the kernel computes
+        its output) unless the head outputs, which come after it, were read
+        first in this call: then from the cache's buffer the kernel updated in
+        place (``updated_state``). Both orders of the two thus work.
+        """
+        furthest = self._peek("furthest")
+        head_outputs = self._stage("attention_head_outputs", self.order())
+        return furthest is not None and (furthest[0] > head_outputs or "attention_head_outputs" in furthest[2])
+
+    def write_updated_state(self, value: torch.Tensor, layout: Callable) -> None:
+        """Copy ``value``, in the standard ``layout``, into the decode kernel's state buffer.
+
+        What a decode step's ``state_output`` write does once the kernel has
+        returned: the next step starts from the buffer, and this step's output
+        is already computed.
+        """
+        with torch.no_grad():
+            layout(self.updated_state()).copy_(value)
+
+    @staticmethod
+    def serve_state(state: torch.Tensor, layout: Callable, buffer: torch.Tensor | None = None) -> torch.Tensor:
+        """A copy of a kernel's state in the standard ``layout`` (the identity, or a swap of the last two axes).
+
+        A copy because the cache overwrites the state in place on later
+        steps. It remembers where it came from, so that an in-place edit goes
+        back (:meth:`write_back_state`): into ``buffer`` when given (the
+        cache's, after the kernel returned), else in place of the kernel's own
+        tensor.
+        """
+        served = layout(state).clone()
+        setattr(served, SERVED_FROM, (buffer, layout))
+        return served
+
+    @staticmethod
+    def write_back_state(served: torch.Tensor, element: Any) -> Any:
+        """The write-back of a state read through :meth:`serve_state`: what goes back at its place, edits included.
+
+        Runs where nnsight flushes an edited view, when the worker may already
+        be pinned to another step, so it needs nothing but the served tensor.
+        A state served as the kernel's own tensor (or a view of it) was edited
+        in place already.
+        """
+        buffer, layout = getattr(served, SERVED_FROM, (None, None))
+        if layout is None:
+            return element
+        if buffer is None:
+            return layout(served)
+        with torch.no_grad():
+            layout(buffer).copy_(served)
+        return element
+
     def _kernel_call(self) -> Any:
         """The operation envoy of the kernel call that fires on this call of the mixer."""
         return getattr(self.source, type(self).KERNEL(self))
@@ -543,6 +650,77 @@ class RecurrentMixer(Sublayer):
         bound = bound_kernel(self, label)
         body = f"source.{label}.source"
         return body if bound is dispatch(bound).torch_function else f"{body}.{self.DISPATCHED}.source"
+
+    # -- the order of a call's values ---------------------------------------------
+
+    def order(self) -> tuple[tuple[str, ...], ...]:
+        """This call's values in the order its forward produces them (``ORDER``, or ``DECODE_ORDER`` on a decode step)."""
+        cls = type(self)
+        return cls.DECODE_ORDER if cls.DECODE_ORDER is not None and self.decoding() else cls.ORDER
+
+    def order_hint(self, name: str) -> str:
+        """The forward's order of this mixer's values and the fix, for an error about ``name``."""
+        groups = " -> ".join("/".join(group) for group in type(self).ORDER)
+        decode = type(self).DECODE_ORDER
+        on_decode = "" if decode is None else f" (on a decode step: {' -> '.join('/'.join(g) for g in decode)})"
+        return (
+            f"a {type(self).KIND} call produces its values in this order: {groups}{on_decode}. Read and write one "
+            f"call's values in that order (state_input, states, attention_head_outputs, state_output, "
+            f"attention_output works on every recurrent mixer), or read {name} in a trace of its own; "
+            f"trajectory() and state_trajectory can be read at any point of the call once any of its values was"
+        )
+
+    def _stage(self, name: str, order: tuple[tuple[str, ...], ...]) -> int | None:
+        return next((index for index, group in enumerate(order) if name in group), None)
+
+    def _peek(self, key: str) -> Any:
+        """What ``per_call(self, key, ...)`` holds for the current call, without computing it; ``None`` when nothing."""
+        records, call = _records(self, key)
+        record = records.get((self.path, key))
+        return record[1] if record is not None and record[0] == call else None
+
+    def check_order(self, name: str) -> None:
+        """Raise :class:`OrderError` when this call's forward has already passed ``name``'s place.
+
+        Two facts say so before the worker would wait in vain: this call of
+        the mixer has returned (for a value inside it), or a value the forward
+        produces later in the call has been read or written.
+        """
+        with pinned(None) if name == "state" else _unchanged():
+            where = f"{name} on {standard_path(self)}"
+            call = current_call(self)
+            # computed from the call's recorded arguments once its place has passed
+            recomputable = name in RECOMPUTED and self._peek("arguments") is not None
+            returned = Mediator.current(name).occurrence(f"{self.path}.output") > call
+            if returned and name != "attention_output" and not recomputable:
+                raise OrderError(
+                    f"{where} was asked for after this call of the mixer returned; {self.order_hint(name)}"
+                )
+            if name != "attention_output" and not returned:
+                # recorded at the call's start, for what is later computed from them (trajectory, states)
+                self.call_arguments()
+            furthest = self._peek("furthest")
+            if furthest is None or name in RECOMPUTED:
+                return
+            stage = self._stage(name, self.order())
+            if stage is not None and stage < furthest[0]:
+                raise OrderError(
+                    f"{where} was asked for after {furthest[1]}, which this call's forward produces later; "
+                    f"{self.order_hint(name)}"
+                )
+
+    def record_order(self, name: str, written: bool = False) -> None:
+        """Note that ``name`` was served or written in this call: the place the forward has reached, and state writes."""
+        with pinned(None) if name == "state" else _unchanged():
+            if written and name in ("state", "states"):
+                replace_per_call(self, "state written", True)
+            if self._peek("kernel") is None:
+                return
+            stage = self._stage(name, self.order())
+            furthest = self._peek("furthest") or (-1, None, frozenset())
+            if stage is not None and stage >= furthest[0]:
+                served = furthest[2] if stage == furthest[0] else frozenset()
+                replace_per_call(self, "furthest", (stage, name, served | {name}))
 
     # -- what the mixer adds -----------------------------------------------------
 
@@ -591,6 +769,7 @@ class RecurrentMixer(Sublayer):
         """The key of ``state``: the state operation inside the kernel that fires, drilled into before the call runs."""
         with pinned(None):
             label = type(self).KERNEL(self)
+            self.call_arguments()
             getattr(self.source, label).source
         return f"source.{label}.source.{self._state_op(label)}.output"
 
@@ -608,7 +787,18 @@ class RecurrentMixer(Sublayer):
         return value
 
     def _states(self) -> States:
-        """The state after every token of this call, [batch, seq, heads, key_dim, value_dim]; needs route_kernels(family, 'torch')."""
+        """The state after every token of this call, [batch, seq, heads, key_dim, value_dim]; needs route_kernels(family, 'torch').
+
+        Read before the forward reaches them, the states the model itself
+        binds (``per_token_states``); after (a later value of the call was read
+        first), computed from the call's arguments as ``state_trajectory`` is.
+        """
+        if self._token_passed(0):
+            return self._recomputed("states", None)
+        return self.per_token_states()
+
+    def per_token_states(self) -> States:
+        """Every token's state as the model binds it: one occurrence per token of ``STATE_OP``, gathered as they come."""
         op, first, seq = self._token_op()
         states = None
         for t in range(seq):
@@ -623,28 +813,92 @@ class RecurrentMixer(Sublayer):
 
     states = DerivedEProperty(_states, unavailable=needs_recurrent_routing)
 
-    def _position(self, method: str, t: int) -> tuple[Any, int]:
-        reason = needs_recurrent_routing(self)
+    def _token_passed(self, t: int) -> bool:
+        """Whether the forward is past the state after token ``t`` of this call (``0 <= t < seq``).
+
+        It is when a later value of the call was read, the call has returned,
+        or the token loop has already bound that token's state.
+        """
+        furthest = self._peek("furthest")
+        if furthest is not None and furthest[0] > self._stage("states", self.order()):
+            return True
+        if Mediator.current("states").occurrence(f"{self.path}.output") > current_call(self):
+            return True
+        located = self._peek("call")
+        if located is None:
+            return False
+        op, first, _ = located
+        return Mediator.current("states").occurrence(type(op).output._location(op)) > first + t
+
+    def _recomputed(self, what: str, positions: Any) -> State:
+        """States the token loop has already passed, computed from the call's arguments as ``trajectory`` does.
+
+        Exact but for float rounding, unless a state was written in this call:
+        the arguments do not know of that write, so it raises instead.
+        """
+        if self._peek("state written"):
+            raise OrderError(
+                f"{what} on {standard_path(self)}: the token loop has passed these positions, and a state was written "
+                f"in this call, which a recomputation from the call's arguments would miss; read them before the "
+                f"write's later positions are produced, or in a trace of their own"
+            )
+        return self.trajectory(positions=positions)
+
+    def _position(self, method: str, t: int) -> int:
+        """Token ``t`` of this call as a position in [0, seq), checked: inside a trace, routed, in range."""
+        inside_trace(self, f"{method}({t})")
+        reason = type(self).states.reason(self)
         if reason is not None:
-            raise Unavailable(f"{method} on {self.path}: {reason}")
-        op, first, seq = self._token_op()
+            raise Unavailable(f"{method} on {standard_path(self)}: {reason}")
+        self.check_order("states")
+        seq = self._seq(*self.call_arguments())
         if not -seq <= t < seq:
-            raise IndexError(f"{method}({t}) on {self.path}: this call has {seq} token(s), so t is in [{-seq}, {seq})")
-        return op, first + t % seq
+            raise IndexError(
+                f"{method}({t}) on {standard_path(self)}: this call has {seq} token(s), so t is in [{-seq}, {seq})"
+            )
+        return t % seq
 
     def state_after(self, t: int) -> State:
-        """The state after token ``t`` of this call (counted from the call's own first token, as on a decode step)."""
-        op, occurrence = self._position("state_after", t)
-        with pinned(occurrence):
-            return op.output
+        """The state after token ``t`` of this call (counted from the call's own first token, as on a decode step).
+
+        Read before the token loop reaches ``t``, it is the loop's own state;
+        after (a later position or value of the call was read first), it is
+        computed from the call's arguments, as ``trajectory(positions=t)``.
+        """
+        position = self._position("state_after", t)
+        if self._token_passed(position):
+            return self._recomputed(f"state_after({t})", position)
+        op, first, _ = self._token_op()
+        with pinned(first + position):
+            state = op.output
+        self.record_order("states")
+        return state
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Assign the state after token ``t``: the tokens after it continue from ``value``.
 
-        Reads follow the forward: in one trace, read positions before ``t``
-        before the write and positions after it afterwards (``states``, which
-        reads every position, only before it).
+        ``value`` must have the state's shape ([batch, heads, key_dim,
+        value_dim]). Reads follow the forward: in one trace, read positions
+        before ``t`` before the write and positions after it afterwards
+        (``states``, which reads every position, only before it). A write to
+        a position the loop has passed raises :class:`OrderError`.
         """
-        op, occurrence = self._position("set_state_after", t)
-        with pinned(occurrence):
+        position = self._position("set_state_after", t)
+        if self._token_passed(position):
+            furthest = self._peek("furthest")
+            after = f" after {furthest[1]}" if furthest is not None else ""
+            raise OrderError(
+                f"set_state_after({t}) on {standard_path(self)}: the token loop has already passed token {t}{after}, "
+                f"so the write could not reach the tokens after it; write the state before reading states or any "
+                f"later position or value of this call ({self.order_hint('set_state_after')})"
+            )
+        op, first, _ = self._token_op()
+        with pinned(first + position):
+            type(self).state.check_layout(self, op.output, value)
             op.output = value
+        self.record_order("states", written=True)
+
+
+@contextmanager
+def _unchanged() -> Iterator[None]:
+    yield
