@@ -56,12 +56,19 @@ def standard_path(envoy: Any) -> str:
 
 
 def passed(location: str) -> int | None:
-    """How many times the forward has reached ``location`` when the worker's request asks for an earlier visit, else ``None``.
+    """How many times the forward has reached ``location`` when the worker's request is for a visit it has passed, else ``None``.
 
     A request asks for the visit its worker is pinned to (``tracer.iter``, or
-    0 in a plain trace), or, relaxed, for the next one, which is never behind.
+    0 in a plain trace), or, relaxed (after a pinned step's first read), for
+    the next one. The next input of a module that is running now would be its
+    next call's: the read meant this call's, which has passed.
     """
     mediator = Mediator.current(location)
     reached = mediator.occurrence(location)
-    return reached if mediator.wanted(location) < reached else None
-
+    if mediator.wanted(location) < reached:
+        return reached
+    if mediator.iteration is None and location.endswith(".input"):
+        module = location[: -len(".input")]
+        if reached > mediator.occurrence(f"{module}.output"):
+            return reached
+    return None

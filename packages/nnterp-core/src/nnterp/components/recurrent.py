@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 import sys
 import warnings
@@ -42,12 +43,7 @@ from .standard import Sublayer, contribution
 #: The values read at a kernel call's arguments: the forward produces them together, as the call starts.
 CALL_ARGUMENTS = ("state_input", "attention_queries", "attention_keys", "attention_values", "decays", "betas")
 #: A call's order where the kernel returns its head outputs and its final state together.
-RETURNED_TOGETHER = (
-    CALL_ARGUMENTS,
-    ("state", "states"),
-    ("attention_head_outputs", "state_output"),
-    ("attention_output",),
-)
+RETURNED_TOGETHER = (CALL_ARGUMENTS, ("state", "states"), ("attention_head_outputs", "state_output"))
 
 #: Values a mixer serves from the call's recorded arguments once the forward has passed their place.
 RECOMPUTED = ("states", "state_trajectory")
@@ -113,10 +109,10 @@ def per_call(envoy: Any, key: str, compute: Callable[[], Any]) -> Any:
     return value
 
 
-def replace_per_call(envoy: Any, key: str, value: Any) -> None:
-    """Make ``value`` what ``per_call(envoy, key, ...)`` returns for the rest of the current call."""
-    records, call = _records(envoy, key)
-    records[(envoy.path, key)] = (call, value)
+def replace_per_call(envoy: Any, key: str, value: Any, call: int | None = None) -> None:
+    """Make ``value`` what ``per_call(envoy, key, ...)`` returns for the rest of the current call (or of ``call``)."""
+    records, current = _records(envoy, key)
+    records[(envoy.path, key)] = (current if call is None else call, value)
 
 
 def _records(envoy: Any, key: str) -> tuple[dict, int]:
@@ -472,14 +468,14 @@ class RecurrentMixer(Sublayer):
     #: keyword; ``None`` for a kernel that takes none). It is the cache's buffer, which the forward overwrites with
     #: the call's final state (the decode kernel in place, the cache after a prompt), so ``entering_state`` copies it.
     STARTING_STATE: tuple[int | str | None, int | str | None] = (None, None)
-    #: The values of one call in the order its forward produces them on a prompt, a group at one place (any order
-    #: within it). ``states`` stands for ``state_after`` and ``set_state_after`` too.
+    #: The values inside one call in the order its forward produces them on a prompt, a group at one place (any
+    #: order within it); ``attention_output``, the mixer's output, comes after all of them. ``states`` stands for
+    #: ``state_after`` and ``set_state_after`` too.
     ORDER: tuple[tuple[str, ...], ...] = (
         CALL_ARGUMENTS,
         ("state", "states"),
         ("attention_head_outputs",),
         ("state_output",),
-        ("attention_output",),
     )
     #: The order on a decode step, where it differs from ``ORDER``.
     DECODE_ORDER: tuple[tuple[str, ...], ...] | None = None
@@ -587,7 +583,7 @@ class RecurrentMixer(Sublayer):
         place (``updated_state``). Both orders of the two thus work.
         """
         furthest = self._peek("furthest")
-        head_outputs = self._stage("attention_head_outputs", self.order())
+        head_outputs = self._stage("attention_head_outputs")
         return furthest is not None and (furthest[0] > head_outputs or "attention_head_outputs" in furthest[2])
 
     def write_updated_state(self, value: torch.Tensor, layout: Callable) -> None:
@@ -660,9 +656,9 @@ class RecurrentMixer(Sublayer):
 
     def order_hint(self, name: str) -> str:
         """The forward's order of this mixer's values and the fix, for an error about ``name``."""
-        groups = " -> ".join("/".join(group) for group in type(self).ORDER)
+        groups = " -> ".join("/".join(group) for group in (*type(self).ORDER, ("attention_output",)))
         decode = type(self).DECODE_ORDER
-        on_decode = "" if decode is None else f" (on a decode step: {' -> '.join('/'.join(g) for g in decode)})"
+        on_decode = "" if decode is None else f" (on a decode step: {' -> '.join('/'.join(g) for g in decode)} -> ...)"
         return (
             f"a {type(self).KIND} call produces its values in this order: {groups}{on_decode}. Read and write one "
             f"call's values in that order (state_input, states, attention_head_outputs, state_output, "
@@ -670,14 +666,31 @@ class RecurrentMixer(Sublayer):
             f"trajectory() and state_trajectory can be read at any point of the call once any of its values was"
         )
 
-    def _stage(self, name: str, order: tuple[tuple[str, ...], ...]) -> int | None:
-        return next((index for index, group in enumerate(order) if name in group), None)
+    def _stage(self, name: str) -> float | None:
+        """Where ``name`` comes in this call's order; the mixer's output after all of it, whichever kernel fires."""
+        if name == "attention_output":
+            return math.inf
+        return next((index for index, group in enumerate(self.order()) if name in group), None)
 
-    def _peek(self, key: str) -> Any:
-        """What ``per_call(self, key, ...)`` holds for the current call, without computing it; ``None`` when nothing."""
-        records, call = _records(self, key)
+    def _peek(self, key: str, call: int | None = None) -> Any:
+        """What ``per_call(self, key, ...)`` holds for the current call (or ``call``) without computing it; else ``None``."""
+        records, current = _records(self, key)
         record = records.get((self.path, key))
-        return record[1] if record is not None and record[0] == call else None
+        return record[1] if record is not None and record[0] == (current if call is None else call) else None
+
+    def _between_calls(self) -> bool:
+        """Whether the worker follows the model (relaxed) and this mixer has already returned its call of the running forward.
+
+        Then a request is for the next forward's call (the next step of
+        ``generate``), though the value was meant for the call just returned.
+        """
+        mediator = Mediator.current("call")
+        forwards = mediator.occurrence(f"{self.root.path}.input")
+        return mediator.iteration is None and forwards > 0 and mediator.occurrence(f"{self.path}.output") == forwards
+
+    def _call_of_the_output(self) -> int:
+        """The call ``attention_output`` was read for: read after the mixer returned (at a block's scaling), that call."""
+        return current_call(self) - 1 if self._between_calls() else current_call(self)
 
     def check_order(self, name: str) -> None:
         """Raise :class:`OrderError` when this call's forward has already passed ``name``'s place.
@@ -696,31 +709,40 @@ class RecurrentMixer(Sublayer):
                 raise OrderError(
                     f"{where} was asked for after this call of the mixer returned; {self.order_hint(name)}"
                 )
+            furthest = self._peek("furthest")
+            if furthest is None and self._between_calls():
+                # relaxed between calls, a request is for the next call; but a value of the call that just returned,
+                # read after a later one in the same loop body, means that call
+                furthest = self._peek("furthest", call - 1)
+            if furthest is not None and not recomputable:
+                # with no arguments recorded, a recomputed value needs the call's start; after the output (whose
+                # stage is known before the kernel is), everything inside the call is earlier
+                if name in RECOMPUTED or (furthest[0] == math.inf and name != "attention_output"):
+                    stage = 0
+                else:
+                    stage = self._stage(name)
+                if stage is not None and stage < furthest[0]:
+                    raise OrderError(
+                        f"{where} was asked for after {furthest[1]}, which this call's forward produces later; "
+                        f"{self.order_hint(name)}"
+                    )
             if name != "attention_output" and not returned:
                 # recorded at the call's start, for what is later computed from them (trajectory, states)
                 self.call_arguments()
-            furthest = self._peek("furthest")
-            if furthest is None or name in RECOMPUTED:
-                return
-            stage = self._stage(name, self.order())
-            if stage is not None and stage < furthest[0]:
-                raise OrderError(
-                    f"{where} was asked for after {furthest[1]}, which this call's forward produces later; "
-                    f"{self.order_hint(name)}"
-                )
 
     def record_order(self, name: str, written: bool = False) -> None:
         """Note that ``name`` was served or written in this call: the place the forward has reached, and state writes."""
         with pinned(None) if name == "state" else _unchanged():
             if written and name in ("state", "states"):
                 replace_per_call(self, "state written", True)
-            if self._peek("kernel") is None:
-                return
-            stage = self._stage(name, self.order())
-            furthest = self._peek("furthest") or (-1, None, frozenset())
+            call = self._call_of_the_output() if name == "attention_output" else current_call(self)
+            # before anything inside the call is read, which kernel fires is not known: only the output has a stage then
+            known = self._peek("kernel", call) is not None or name == "attention_output"
+            stage = self._stage(name) if known else None
+            furthest = self._peek("furthest", call) or (-1, None, frozenset())
             if stage is not None and stage >= furthest[0]:
                 served = furthest[2] if stage == furthest[0] else frozenset()
-                replace_per_call(self, "furthest", (stage, name, served | {name}))
+                replace_per_call(self, "furthest", (stage, name, served | {name}), call)
 
     # -- what the mixer adds -----------------------------------------------------
 
@@ -820,7 +842,7 @@ class RecurrentMixer(Sublayer):
         or the token loop has already bound that token's state.
         """
         furthest = self._peek("furthest")
-        if furthest is not None and furthest[0] > self._stage("states", self.order()):
+        if furthest is not None and furthest[0] > self._stage("states"):
             return True
         if Mediator.current("states").occurrence(f"{self.path}.output") > current_call(self):
             return True

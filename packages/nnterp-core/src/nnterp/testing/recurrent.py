@@ -26,7 +26,8 @@ from ..components.recurrent import CACHE_ARGUMENTS, dispatch, function_name, mod
 from ..descriptor import Unavailable
 from ..registry import REGISTRY
 from .models import tiny_standardized
-from .suites import PROMPT, Suite, blocks_with
+from .order import TraceOrderSuite
+from .suites import PROMPT, blocks_with
 
 #: How far a computed trajectory may be from the model's own states, relative to their largest entry (float32).
 TRAJECTORY_TOLERANCE = 1e-5
@@ -71,8 +72,12 @@ def check_positions(compute: Callable[..., torch.Tensor], positions: Any) -> Non
     close_relative(compute(positions=positions), selected(compute(), positions), f"positions={positions!r}", 1e-6)
 
 
-class RecurrentMixerSuite(Suite):
-    """``state_trajectory`` is the state the model itself carries, after every token of every call."""
+class RecurrentMixerSuite(TraceOrderSuite):
+    """``state_trajectory`` is the state the model itself carries, after every token of every call.
+
+    It carries the trace contract's order matrix too (``TraceOrderSuite``), on
+    the first block with a recurrent mixer.
+    """
 
     #: The values at the kernel call an assignment may replace; the trajectory must follow each.
     ASSIGNABLE: ClassVar[tuple[str, ...]] = ("attention_keys", "attention_values")
@@ -121,6 +126,9 @@ class RecurrentMixerSuite(Suite):
 
     def mixer(self, layer: int) -> Any:
         return self.model.layers[layer].linear_attn
+
+    def order_layer(self) -> int:
+        return self.recurrent_layers()[0]
 
     def trajectories_and_states(self, prompt: str | list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each mixer's ``state_trajectory`` on a plain trace of ``prompt``, beside its ``states`` under ``per_token_states``."""

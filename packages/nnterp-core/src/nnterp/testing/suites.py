@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..descriptor import Unavailable
+from ..order import OrderError
 from ..transformer import StandardizedTransformer
 from .models import save_tiny, tiny_model, tiny_standardized
 
@@ -135,6 +136,38 @@ class LayerSuite(Suite):
             model.layers[0].skip(entering)
             received = model.layers[1].layer_input.save()
         close(received, entering, what="layers[1].layer_input after skipping layers[0]")
+
+    def test_a_value_asked_for_after_the_forward_produced_it_raises_at_once(self) -> None:
+        """layer_output then layer_input of one block: OrderError naming layer_input, before the model runs on.
+
+        On a prompt, and on a decode step where the first read of the step
+        relaxes nnsight's pin (the next input would be the next step's).
+        """
+        model = self.model
+        head_calls = []
+        hook = model._module.get_output_embeddings().register_forward_hook(lambda *_: head_calls.append(1))
+        try:
+            for decode in (False, True):
+                head_calls.clear()
+                saved: list[torch.Tensor] = []
+                try:
+                    if decode:
+                        with model.generate(PROMPT, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
+                            for _ in tracer.iter[1:3]:
+                                saved.append(model.layers[0].layer_output.save())
+                                saved.append(model.layers[0].layer_input.save())
+                    else:
+                        with model.trace(PROMPT):
+                            saved.append(model.layers[0].layer_output.save())
+                            saved.append(model.layers[0].layer_input.save())
+                except OrderError as error:
+                    assert "layer_input on layers[0]" in str(error), str(error)
+                    assert "in turn" in str(error), f"the error does not give the forward's order: {error}"
+                else:
+                    raise AssertionError(f"layer_input after layer_output was served ({len(saved)} saves)")
+                assert len(head_calls) == int(decode), f"the error came after the forward ran on ({len(head_calls)})"
+        finally:
+            hook.remove()
 
     def test_logits_and_next_token_probs(self) -> None:
         model = self.model
