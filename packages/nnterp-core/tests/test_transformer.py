@@ -55,6 +55,17 @@ def test_support_reports_every_block_value(model):
     assert model.support(layer=1)["self_attn.attention_output"] is None
 
 
+def test_support_of_a_layer_out_of_range_names_the_value_and_the_valid_range(model):
+    assert model.support(layer=-2) == model.support(layer=0)
+    assert model.support(layer=-1) == model.support(layer=1)
+    for layer in (2, -3, 17):
+        with pytest.raises(IndexError) as raised:
+            model.support(layer=layer)
+        message = str(raised.value)
+        assert f"support(layer={layer})" in message, message
+        assert "has 2 layers" in message and "0 to 1" in message and "-2 to -1" in message, message
+
+
 def test_a_model_that_is_not_a_transformers_model_is_refused():
     with pytest.raises(TypeError, match="has no transformers config"):
         StandardizedTransformer(torch.nn.Linear(2, 2))

@@ -1,6 +1,5 @@
 """SelectiveScan's behaviour around the suite's properties: routing, mambapy, what can be written where."""
 
-import gc
 import sys
 
 import pytest
@@ -11,12 +10,14 @@ from nnterp.testing import PROMPT, close, tiny_standardized
 from nnterp_mamba.selective_scan import UNROUTED, SelectiveScan
 from nnterp_mamba.testing import selective_scan_reference
 
+# These tests route and unroute the family around models they trace and drop; routing then warns about the
+# dropped models the collector has not reached yet, as designed (test_values_inside_the_dispatcher checks it).
+pytestmark = pytest.mark.filterwarnings(r"ignore:route_kernels\(\.\.\., '(torch|default)'\)")
+
 
 @pytest.fixture
 def routed():
     """A fresh tiny Mamba with its kernels routed to the pure-torch functions, restored afterwards."""
-    # An earlier test's traced model, alive only until the collector runs, would make routing warn it is stale.
-    gc.collect()
     model = tiny_standardized("mamba")
     route_kernels(model.family, "torch")
     yield model

@@ -168,5 +168,15 @@ class StandardizedTransformer(TransformersModel):
         blocks that do not. With ``layer``: that block's values -> reason or
         ``None``. Nothing runs; the reasons are what a read would raise as
         :class:`~nnterp.Unavailable`.
+
+        Raises:
+            IndexError: ``layer`` is outside the model's blocks; negative
+                indices count from the end, as in Python.
         """
-        return blocks_support(list(self.layers), layer)
+        blocks = list(self.layers)
+        if layer is not None and not -len(blocks) <= layer < len(blocks):
+            raise IndexError(
+                f"support(layer={layer!r}): this model has {len(blocks)} layers; layer must be in "
+                f"range(-{len(blocks)}, {len(blocks)}), from 0 to {len(blocks) - 1} or -{len(blocks)} to -1 from the end"
+            )
+        return blocks_support(blocks, layer)

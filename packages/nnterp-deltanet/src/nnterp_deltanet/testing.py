@@ -21,7 +21,14 @@ from contextlib import contextmanager
 import torch
 
 from nnterp import RecurrentMixer, StandardizedTransformer, Unavailable, route_kernels
-from nnterp.components.recurrent import ROUTE_HINT, TRACED_BEFORE_ROUTING, function_name, modeling_module
+from nnterp.components.recurrent import (
+    ROUTE_HINT,
+    STASH,
+    TRACED_BEFORE_ROUTING,
+    dispatch,
+    function_name,
+    modeling_module,
+)
 from nnterp.registry import REGISTRY
 from nnterp.testing import PROMPT, RecurrentMixerSuite, blocks_with, close
 from nnterp.testing.recurrent import BATCH, STEPS
@@ -326,6 +333,20 @@ class DeltaNetSuite(RecurrentMixerSuite):
             with late.trace(PROMPT):
                 mixer.states.save()
 
+    def test_routing_back_to_default_after_a_routed_trace_warns(self) -> None:
+        """The class's model was traced routed: 'default' leaves it on the token loop, and says so."""
+        family = REGISTRY.family(self.family)
+        with self.model.trace(PROMPT):
+            self.model.layers[self.recurrent_layers()[0]].linear_attn.attention_queries.save()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            route_kernels(family, "default")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            route_kernels(family, "torch")
+        messages = [str(warning.message) for warning in caught]
+        assert any("'default'" in message and "token-by-token" in message for message in messages), messages
+
     def test_state_index_outside_the_call_raises(self) -> None:
         seq = self.prompt_length()
         mixer = self.model.layers[self.recurrent_layers()[0]].linear_attn
@@ -339,28 +360,69 @@ class DeltaNetSuite(RecurrentMixerSuite):
                 raise AssertionError(f"state_after({t}) on a {seq}-token prompt did not raise IndexError")
 
     def test_route_kernels_rejects_bad_arguments_and_leaves_bindings(self) -> None:
+        """Bad arguments rebind nothing; 'torch' binds both kernel names to the token loop, 'default' restores the import's.
+
+        Under ``default_kernels``, so the bindings start as transformers made
+        them; each is checked against that (each name dispatching to its own
+        pure-torch kernel), not against what the class's routing left.
+        """
         family = REGISTRY.family(self.family)
         mixer_class = type(self.model.layers[self.recurrent_layers()[0]].linear_attn)
         module_class = next(key for key, value in family.ENVOYS.items() if value is mixer_class)
         modeling = modeling_module(module_class)
         names = [function_name(label) for label in (mixer_class.CHUNK_KERNEL, mixer_class.RECURRENT_KERNEL)]
-        before = {name: getattr(modeling, name) for name in names}
-        for call, expected in (
-            (lambda: route_kernels(family, "fast"), "'torch', 'default'"),
-            (lambda: route_kernels("qwen", "torch"), "family module"),
-            (lambda: route_delta_rule(family, "torch"), "'recurrent' or 'chunked'"),
-        ):
-            try:
-                call()
-            except ValueError as error:
-                assert expected in str(error), f"{error} does not name {expected}"
-            else:
-                raise AssertionError("route_kernels accepted a bad argument")
-        assert {name: getattr(modeling, name) for name in names} == before, "a refused routing changed the bindings"
-        route_delta_rule(family, "recurrent")
-        assert {name: getattr(modeling, name) for name in names} == before, "'recurrent' is not route_kernels 'torch'"
-        route_kernels(modeling, "torch")
-        assert {name: getattr(modeling, name) for name in names} == before, "routing by modeling module differs"
+
+        def bindings() -> dict[str, object]:
+            return {name: getattr(modeling, name) for name in names}
+
+        def rejects_bad_arguments(where: str) -> None:
+            before, stash = bindings(), dict(getattr(modeling, STASH, {}))
+            for call, expected in (
+                (lambda: route_kernels(family, "fast"), "'torch', 'default'"),
+                (lambda: route_kernels("qwen", "torch"), "family module"),
+                (lambda: route_delta_rule(family, "torch"), "'recurrent' or 'chunked'"),
+            ):
+                try:
+                    call()
+                except ValueError as error:
+                    assert expected in str(error), f"{error} does not name {expected}"
+                else:
+                    raise AssertionError(f"route_kernels accepted a bad argument ({where})")
+                assert bindings() == before, f"a refused routing changed the bindings ({where})"
+                assert dict(getattr(modeling, STASH, {})) == stash, f"a refused routing changed the stash ({where})"
+
+        with warnings.catch_warnings():
+            # the class's model was traced routed and keeps its kernels, as intended
+            warnings.filterwarnings("ignore", r"route_kernels.*already traced")
+            with self.default_kernels():
+                imported = bindings()
+                assert [dispatch(imported[name]).torch_function.__name__ for name in names] == names, (
+                    f"unrouted, {modeling.__name__} does not bind each kernel name to its own kernel: {imported}"
+                )
+                token_loop = dispatch(imported[names[1]]).torch_function
+                assert token_loop is not dispatch(imported[names[0]]).torch_function
+                rejects_bad_arguments("unrouted")
+                for how, route, unroute in (
+                    ("the family", lambda: route_kernels(family, "torch"), lambda: route_kernels(family, "default")),
+                    (
+                        "its modeling module",
+                        lambda: route_kernels(modeling, "torch"),
+                        lambda: route_kernels(modeling, "default"),
+                    ),
+                    (
+                        "route_delta_rule",
+                        lambda: route_delta_rule(family, "recurrent"),
+                        lambda: route_delta_rule(family, "chunked"),
+                    ),
+                ):
+                    route()
+                    assert bindings() == dict.fromkeys(names, token_loop), (
+                        f"routing {how} to the token loop left {bindings()}"
+                    )
+                    rejects_bad_arguments(f"routed by {how}")
+                    unroute()
+                    assert bindings() == imported, f"unrouting {how} did not restore the import-time kernels"
+                    assert not hasattr(modeling, STASH), f"unrouting {how} left the stash"
 
     def test_attention_block_has_no_linear_attn(self) -> None:
         attention = [i for i in range(self.model.num_layers) if i not in self.recurrent_layers()]

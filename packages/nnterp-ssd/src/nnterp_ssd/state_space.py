@@ -496,8 +496,10 @@ def chunk_per_token(model: Any, enabled: bool = True) -> None:
     Unlike ``route_kernels``, which binds a family's kernels process-wide, this
     sets an attribute of each mixer module of this one model (``chunk_size``,
     which the forward reads on every call): it applies from the next trace,
-    and to no other model. Call it on a loaded model, since a lazily loaded
-    model's modules are replaced when its weights arrive.
+    and to no other model. A model loaded by path holds meta modules that its
+    first trace replaces with the real ones; ``enabled=True`` loads its
+    weights first (``model.dispatch()``) so the setting lands on the modules
+    that run.
     ``enabled=False`` restores the chunk size each mixer was built with (the
     config's ``chunk_size``; ``mamba_chunk_size`` on Bamba, Falcon-H1 and
     GraniteMoeHybrid).
@@ -511,6 +513,9 @@ def chunk_per_token(model: Any, enabled: bool = True) -> None:
             f"chunk_per_token: {type(model._module).__name__} has no Mamba-2 (StateSpace) mixer; it applies to "
             f"the families of nnterp-ssd (Mamba-2, Nemotron-H, Bamba, Falcon-H1, Zamba2, GraniteMoeHybrid)"
         )
+    if enabled and not getattr(model, "dispatched", True):
+        # the envoys are re-pointed at the loaded modules, which are built with the configured chunk size
+        model.dispatch()
     config = model._module.config.get_text_config()
     for mixer in mixers:
         mixer._module.chunk_size = 1 if enabled else getattr(config, type(mixer).CHUNK_SIZE_CONFIG)

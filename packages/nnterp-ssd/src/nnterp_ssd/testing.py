@@ -191,7 +191,7 @@ class SSDSuite(RecurrentMixerSuite):
             expected = self.read_prompt(names=("states", "state_output"))
         with warnings.catch_warnings():
             # This class's model was traced before the routing and keeps its kernels, as the warning says.
-            warnings.filterwarnings("ignore", message="route_kernels: .* already traced")
+            warnings.filterwarnings("ignore", message=r"route_kernels\(\.\.\., 'torch'\): .* already traced")
             route_kernels(self.model.family, "torch")
         try:
             routed = self.build_model()

@@ -342,8 +342,9 @@ def route_kernels(family: ModuleType, mode: str) -> None:
     Like installing a kernel package it applies to every model of the family.
     Call it before the first trace that touches a mixer: nnsight compiles a
     mixer's forward over the bindings of that moment and the forward keeps
-    them; routing to ``"torch"`` afterwards warns, naming how many mixers keep
-    the chunked kernel (their ``states`` then say so too).
+    them; routing afterwards, either way, warns, naming how many mixers keep
+    the kernels they were compiled with (under ``"torch"`` their ``states``
+    then say so too).
 
     Args:
         family: The family module (``model.family``,
@@ -376,11 +377,12 @@ def route_kernels(family: ModuleType, mode: str) -> None:
     if mode == "default":
         for modeling in {modeling for modeling, _ in routes}:
             delattr(modeling, STASH)
-    else:
-        _warn_if_compiled(mixers, routes)
+    _warn_if_compiled(mixers, routes, mode)
 
 
-def _warn_if_compiled(mixers: list[tuple[type, type]], routes: dict[tuple[ModuleType, str], Callable]) -> None:
+def _warn_if_compiled(
+    mixers: list[tuple[type, type]], routes: dict[tuple[ModuleType, str], Callable], mode: str
+) -> None:
     classes = tuple(module_class for module_class, _ in mixers)
     stale = 0
     for module in list(_INSTRUMENTED):
@@ -391,9 +393,10 @@ def _warn_if_compiled(mixers: list[tuple[type, type]], routes: dict[tuple[Module
         if any(compiled.get(name) is not fn for (where, name), fn in routes.items() if where is modeling):
             stale += 1
     if stale:
+        kept = "the chunked kernels" if mode == "torch" else "the token-by-token kernels (and their per-token states)"
         warnings.warn(
-            f"route_kernels: {stale} mixer module(s) of this family were already traced and keep the kernels they "
-            f"were compiled with; the routing applies to models loaded (or first traced) from now on",
+            f"route_kernels(..., {mode!r}): {stale} mixer module(s) of this family were already traced and keep "
+            f"{kept} they were compiled with; the routing applies to models loaded (or first traced) from now on",
             stacklevel=3,
         )
 

@@ -13,7 +13,6 @@ then compares the two, on a prompt, a left-padded batch, each decode step of
 from __future__ import annotations
 
 import inspect
-import unittest
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -96,7 +95,10 @@ class RecurrentMixerSuite(TraceOrderSuite):
     @classmethod
     def teardown_class(cls) -> None:
         if cls.ROUTED:
-            route_kernels(REGISTRY.family(cls.family), "default")
+            with warnings.catch_warnings():
+                # the class's model was traced routed, as intended
+                warnings.filterwarnings("ignore", r"route_kernels\(\.\.\., 'default'\)")
+                route_kernels(REGISTRY.family(cls.family), "default")
 
     def recurrent_layers(self) -> list[int]:
         """The blocks with a recurrent mixer (``linear_attn``); call it outside a trace."""
@@ -114,14 +116,16 @@ class RecurrentMixerSuite(TraceOrderSuite):
         """The family's kernels as transformers binds them, for a model built inside; routed again after, if ``ROUTED``."""
         family = REGISTRY.family(self.family)
         if self.ROUTED:
-            route_kernels(family, "default")
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", r"route_kernels\(\.\.\., 'default'\)")
+                route_kernels(family, "default")
         try:
             yield
         finally:
             if self.ROUTED:
                 with warnings.catch_warnings():
                     # the class's model was traced under "torch" and keeps it, as intended
-                    warnings.filterwarnings("ignore", "route_kernels: .* already traced")
+                    warnings.filterwarnings("ignore", r"route_kernels\(\.\.\., 'torch'\): .* already traced")
                     route_kernels(family, "torch")
 
     def mixer(self, layer: int) -> Any:
@@ -149,9 +153,8 @@ class RecurrentMixerSuite(TraceOrderSuite):
             assert trajectory.dtype == states.dtype
 
     def test_state_trajectory_under_the_default_kernels(self) -> None:
-        """Unrouted, where ``states`` cannot serve every token, the trajectory is the routed model's states."""
-        if not self.ROUTED:
-            raise unittest.SkipTest("the class's model runs the default kernels, which the prompt check covers")
+        """On a model built under the default kernels, where ``states`` cannot serve every token, the trajectory is the
+        class's model's per-token states: routed, or under ``per_token_states`` (a Mamba-2's ``chunk_per_token``)."""
         layers = self.recurrent_layers()
         trajectories: list[torch.Tensor] = []
         states: list[torch.Tensor] = []
@@ -160,13 +163,22 @@ class RecurrentMixerSuite(TraceOrderSuite):
             support = unrouted.support(layer=layers[0])
             with unrouted.trace(PROMPT):
                 trajectories.extend(unrouted.layers[layer].linear_attn.state_trajectory.save() for layer in layers)
-        with self.model.trace(PROMPT):
-            states.extend(self.mixer(layer).states.save() for layer in layers)
-        hint = type(self.mixer(layers[0])).ROUTE_HINT
+        with self.per_token_states():
+            served = self.model.support(layer=layers[0])["linear_attn.states"]
+            with self.model.trace(PROMPT):
+                states.extend(self.mixer(layer).states.save() for layer in layers)
+        assert served is None, f"states under per_token_states: support says {served!r}"
+        # routed, the hint to route; else what the class's model, on the default kernels too, says outside per_token_states
+        hint = (
+            type(self.mixer(layers[0])).ROUTE_HINT
+            if self.ROUTED
+            else self.model.support(layer=layers[0])["linear_attn.states"]
+        )
+        assert hint is not None, "on the default kernels, support says states serve every token"
         assert support["linear_attn.states"] == hint, f"unrouted states: support says {support['linear_attn.states']!r}"
         assert support["linear_attn.state_trajectory"] is None, support["linear_attn.state_trajectory"]
         for layer, trajectory, expected in zip(layers, trajectories, states, strict=True):
-            close_relative(trajectory, expected, f"layers[{layer}] unrouted state_trajectory vs routed states")
+            close_relative(trajectory, expected, f"layers[{layer}] unrouted state_trajectory vs per-token states")
 
     def test_state_trajectory_in_a_left_padded_batch(self) -> None:
         tokenizer = self.model.tokenizer
