@@ -25,9 +25,10 @@ from .components.recurrent import (
     pinned,
     route_kernels,
 )
-from .components.standard import Standard, Sublayer, axis_size, blocks_support, contribution, first_tensor, rewrap
+from .components.standard import Standard, Sublayer, axis_size, blocks_support, contribution
 from .descriptor import DerivedEProperty, EProperty, Unavailable, unavailable
 from .hookspecs import hookimpl, hookspec
+from .order import OrderError
 from .layouts import *  # noqa: F403
 from .registry import REGISTRY, PluginError, UnknownFamily, UnknownModelType
 from .transformer import StandardizedTransformer
@@ -39,6 +40,7 @@ __all__ = [
     "EProperty",
     "Layer",
     "Mlp",
+    "OrderError",
     "PARALLEL",
     "POST_NORM_ATTENTION",
     "POST_NORM_MLP",
@@ -55,7 +57,6 @@ __all__ = [
     "blocks_support",
     "contribution",
     "families",
-    "first_tensor",
     "hookimpl",
     "hookspec",
     "layouts",
@@ -63,7 +64,6 @@ __all__ = [
     "needs_torch_kernels",
     "per_call",
     "pinned",
-    "rewrap",
     "route_kernels",
     "unavailable",
 ]

@@ -8,7 +8,6 @@ on every plugin and its results are collected.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -43,16 +42,6 @@ def nnterp_namespace() -> dict[str, Any]:
 
     ``nnterp.<name>`` resolves through the registry, so core imports no plugin.
     Two plugins adding one name is an error naming both.
-    """
-
-
-@hookspec
-def nnterp_kernel_routers() -> dict[str, Callable[[ModuleType, str], None]]:
-    """Kernel routers by family name: ``{family_name: route(family, mode)}``.
-
-    ``nnterp.route_kernels(family, mode)`` calls the router registered for the
-    family; a family whose mixers have pure-torch kernels to route registers
-    one.
     """
 
 

@@ -40,7 +40,6 @@ KNOWN_DISTRIBUTIONS = {
 HOOKS: dict[str, Callable[[], Any]] = {
     "nnterp_families": list,
     "nnterp_namespace": dict,
-    "nnterp_kernel_routers": dict,
     "nnterp_suites": dict,
 }
 
@@ -79,7 +78,7 @@ class PluginFailure:
 
 
 class Registry:
-    """The installed plugins, and the families, names, routers and suites they provide."""
+    """The installed plugins, and the families, names and suites they provide."""
 
     def __init__(self) -> None:
         self.manager = pluggy.PluginManager(hookspecs.PROJECT)
@@ -160,7 +159,6 @@ class Registry:
         owners: dict[str, str] = {}
         by_model_type: dict[str, ModuleType] = {}
         namespace: dict[str, tuple[str, Any]] = {}
-        routers: dict[str, Callable] = {}
         suites: dict[type, type] = {}
         for plugin_name, plugin in self.manager.list_name_plugin():
             provided = self._provided(plugin_name, plugin)
@@ -189,7 +187,6 @@ class Registry:
                 if key in namespace and namespace[key][1] is not value:
                     raise PluginError(f"plugins {namespace[key][0]!r} and {plugin_name!r} both add nnterp.{key}")
                 namespace[key] = (plugin_name, value)
-            routers.update(provided["nnterp_kernel_routers"])
             suites.update(provided["nnterp_suites"])
         return {
             "plugins": infos,
@@ -197,7 +194,6 @@ class Registry:
             "owners": owners,
             "model_types": by_model_type,
             "namespace": {key: value for key, (_, value) in namespace.items()},
-            "routers": routers,
             "suites": suites,
         }
 
@@ -243,10 +239,6 @@ class Registry:
     def namespace(self) -> dict[str, Any]:
         """The names plugins add to ``nnterp``."""
         return self.index["namespace"]
-
-    def router(self, family: ModuleType) -> Callable[[ModuleType, str], None] | None:
-        """The kernel router registered for ``family``, or ``None``."""
-        return self.index["routers"].get(family_name(family))
 
     def suites(self) -> dict[type, type]:
         """Conformance suites by the envoy class they test."""

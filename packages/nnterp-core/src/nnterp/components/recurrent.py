@@ -358,10 +358,6 @@ def route_kernels(family: ModuleType, mode: str) -> None:
     if mode not in ROUTE_MODES:
         raise ValueError(f"route_kernels mode must be one of {', '.join(map(repr, ROUTE_MODES))}, not {mode!r}")
     family = _family_of(family)
-    router = REGISTRY.router(family) if isinstance(family, ModuleType) and hasattr(family, "MODEL_TYPES") else None
-    if router is not None:
-        router(family, mode)
-        return
     mixers = _mixers(family)
     if not mixers:
         routable = sorted(name for name, candidate in REGISTRY.families().items() if _mixers(candidate))
@@ -447,6 +443,12 @@ class RecurrentMixer(Sublayer):
       after each token's update, or ``None`` when the kernels never bind it.
     - ``STEP_STATE_OP``: set when the decode kernel updates the state once
       instead of looping (Mamba-1): the binding of the new state inside it.
+
+    - ``ORDER`` (and ``DECODE_ORDER`` where a decode step differs): the
+      values inside one call in the order the forward produces them. A value
+      asked for after a later one of the same call raises
+      :class:`~nnterp.OrderError` before the worker waits; ``states`` read
+      after the token loop passed are computed from the call's arguments.
 
     ``KERNEL`` picks the call that fires on this call of the mixer, once per
     call, so the same values work in a trace and on every step of

@@ -110,16 +110,6 @@ def axis_size(envoy: Envoy, axis: str) -> int:
     raise ValueError(f"no envoy from {envoy.path} up to the root declares the size of axis {axis!r}")
 
 
-def first_tensor(value: Any) -> torch.Tensor:
-    """The tensor of a module output: the first element when the module returns a tuple."""
-    return value[0] if isinstance(value, tuple) else value
-
-
-def rewrap(raw: Any, value: torch.Tensor) -> Any:
-    """``value`` in the shape the module returned: back in its tuple, if it returned one."""
-    return (value, *raw[1:]) if isinstance(raw, tuple) else value
-
-
 def blocks_support(blocks: list[Envoy], layer: int | None = None) -> dict[str, Any]:
     """The block values of a block list, the way ``support`` reports them.
 
