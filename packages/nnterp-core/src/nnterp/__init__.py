@@ -28,8 +28,8 @@ from .components.recurrent import (
 from .components.standard import Standard, Sublayer, axis_size, blocks_support, contribution
 from .descriptor import DerivedEProperty, EProperty, Unavailable, unavailable
 from .hookspecs import hookimpl, hookspec
-from .order import OrderError
 from .layouts import *  # noqa: F403
+from .order import OrderError
 from .registry import REGISTRY, PluginError, UnknownFamily, UnknownModelType
 from .transformer import StandardizedTransformer
 
