@@ -286,18 +286,11 @@ class SelectiveScan(RecurrentMixer):
         Assigning it, or editing it in place, changes what the next decode step
         starts from, not this call's output.
         """
-        if not self.decoding():
-            return value
-        if self.reads_state_after_the_update():
-            return self.serve_state(self.updated_state(), _same, buffer=self.updated_state())
-        return self.serve_state(value, _same)
+        return self.read_state_output(value, _same)
 
     @state_output.postprocess
     def state_output(self, value: torch.Tensor) -> Any:
-        if not (self.decoding() and self.reads_state_after_the_update()):
-            return value
-        self.write_updated_state(value, _same)
-        return self._kernel_call().output
+        return self.place_state_output(value, _same)
 
     @state_output.transform
     def state_output(self, view: torch.Tensor, element: Any) -> Any:

@@ -385,18 +385,11 @@ class StateSpace(RecurrentMixer):
         the update has returned. Assigning it, or editing it in place, changes
         what the next step starts from, not this call's output.
         """
-        if not self.decoding():
-            return _transposed(value)
-        if self.reads_state_after_the_update():
-            return self.serve_state(self.updated_state(), _transposed, buffer=self.updated_state())
-        return self.serve_state(value, _transposed)
+        return self.read_state_output(value, _transposed)
 
     @state_output.postprocess
     def state_output(self, value: torch.Tensor) -> Any:
-        if not (self.decoding() and self.reads_state_after_the_update()):
-            return _transposed(value)
-        self.write_updated_state(value, _transposed)
-        return self._kernel_call().output
+        return self.place_state_output(value, _transposed)
 
     @state_output.transform
     def state_output(self, view: torch.Tensor, element: Any) -> Any:

@@ -601,6 +601,26 @@ class RecurrentMixer(Sublayer):
         with torch.no_grad():
             layout(self.updated_state()).copy_(value)
 
+    def read_state_output(self, value: Any, layout: Callable) -> torch.Tensor:
+        """``state_output`` as read from ``value`` served at its place: the kernel's final state, or on a decode step a copy.
+
+        On a decode step the copy is of the new state inside the update, or of
+        the cache's buffer once the update returned (``reads_state_after_the_update``).
+        """
+        if not self.decoding():
+            return layout(value)
+        if self.reads_state_after_the_update():
+            return self.serve_state(self.updated_state(), layout, buffer=self.updated_state())
+        return self.serve_state(value, layout)
+
+    def place_state_output(self, value: torch.Tensor, layout: Callable) -> Any:
+        """What an assigned ``state_output`` puts at its place: the state in the kernel's layout, or, once a decode
+        kernel returned, its unchanged output, the state having been copied into the cache's buffer."""
+        if not (self.decoding() and self.reads_state_after_the_update()):
+            return layout(value)
+        self.write_updated_state(value, layout)
+        return self._kernel_call().output
+
     @staticmethod
     def serve_state(state: torch.Tensor, layout: Callable, buffer: torch.Tensor | None = None) -> torch.Tensor:
         """A copy of a kernel's state in the standard ``layout`` (the identity, or a swap of the last two axes).
