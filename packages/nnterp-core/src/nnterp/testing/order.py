@@ -191,6 +191,31 @@ class TraceOrderSuite(Suite):
             assert len(steps) == (DECODE_STEPS if decode else 1)
             assert all(len(step) == len(values) for step in steps), f"decode={decode}: saves missing"
 
+    def test_two_invokes_of_a_padded_batch_keep_their_own_order(self) -> None:
+        """Two invokes, one reading in the taught order and one reversed: each gets its own prompt's values."""
+        mixer = self.model.layers[self.order_layer()].linear_attn
+        prompts = ("Hello world, there", "Hi you")
+        later = "attention_head_outputs"
+        earlier = "states" if "states" in self.served_values() else "state_trajectory"
+        alone: list[list[torch.Tensor]] = []
+        together: list[list[torch.Tensor]] = [[], []]
+        with self.per_token_states():
+            for prompt in prompts:
+                with self.model.trace(prompt):
+                    alone.append([getattr(mixer, earlier).save(), getattr(mixer, later).save()])
+            with self.model.trace() as tracer:
+                with tracer.invoke(prompts[0]):
+                    together[0].extend((getattr(mixer, earlier).save(), getattr(mixer, later).save()))
+                with tracer.invoke(prompts[1]):
+                    heads = getattr(mixer, later).save()
+                    together[1].extend((getattr(mixer, earlier).save(), heads))
+        for index, (got, want) in enumerate(zip(together, alone, strict=True)):
+            assert len(got) == 2, f"invoke {index}: the trace ended early"
+            for name, value, expected in zip((earlier, later), got, want, strict=True):
+                # the second prompt is shorter: left-padded in the batch, its own tokens are the last ones
+                tokens = expected.shape[1]
+                assert _matches(value[:, -tokens:], expected), f"invoke {index}: {name} differs from its own trace's"
+
     def test_each_write_reaches_the_model(self) -> None:
         """A write in forward order changes what follows it (the mixer's later values, the logits): none is dropped."""
         values = self.served_values()
