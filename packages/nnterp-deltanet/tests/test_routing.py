@@ -3,7 +3,8 @@
 import pytest
 
 import nnterp
-from nnterp.components.recurrent import STASH, dispatch
+from nnterp.components.kernels import dispatch
+from nnterp.components.routing import STASH
 from nnterp_deltanet.families import qwen3_5_text
 
 

@@ -15,16 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from . import families, layouts
+from .components.kernels import needs_recurrent_routing, needs_torch_kernels
 from .components.layer import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, Layer
 from .components.mlp import Mlp
-from .components.recurrent import (
-    RecurrentMixer,
-    needs_recurrent_routing,
-    needs_torch_kernels,
-    per_call,
-    pinned,
-    route_kernels,
-)
+from .components.per_call import per_call, pinned
+from .components.recurrent import RecurrentMixer
+from .components.routing import route_kernels
 from .components.standard import Standard, Sublayer, axis_size, blocks_support, contribution
 from .descriptor import DerivedEProperty, EProperty, Unavailable, unavailable
 from .hookspecs import hookimpl, hookspec

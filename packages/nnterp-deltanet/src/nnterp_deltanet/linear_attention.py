@@ -8,14 +8,9 @@ from typing import Any
 import torch
 
 from nnterp import DerivedEProperty, EProperty
-from nnterp.components.recurrent import (
-    RETURNED_TOGETHER,
-    RecurrentMixer,
-    kernel,
-    needs_kernel_call,
-    needs_torch_kernels,
-    route_kernels,
-)
+from nnterp.components.kernels import kernel, needs_kernel_call, needs_torch_kernels
+from nnterp.components.recurrent import RETURNED_TOGETHER, RecurrentMixer
+from nnterp.components.routing import route_kernels
 from nnterp.layouts import ChannelGates, Gates, LinearHeadOutputs, LinearQK, LinearV, State, States
 from nnterp.positions import Positions
 

@@ -21,14 +21,8 @@ from contextlib import contextmanager
 import torch
 
 from nnterp import RecurrentMixer, StandardizedTransformer, Unavailable, route_kernels
-from nnterp.components.recurrent import (
-    ROUTE_HINT,
-    STASH,
-    TRACED_BEFORE_ROUTING,
-    dispatch,
-    function_name,
-    modeling_module,
-)
+from nnterp.components.kernels import ROUTE_HINT, TRACED_BEFORE_ROUTING, dispatch, function_name, modeling_module
+from nnterp.components.routing import STASH
 from nnterp.registry import REGISTRY
 from nnterp.testing import PROMPT, RecurrentMixerSuite, blocks_with, close
 from nnterp.testing.recurrent import BATCH, STEPS

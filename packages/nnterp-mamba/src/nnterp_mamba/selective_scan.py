@@ -9,13 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels, per_call
-from nnterp.components.recurrent import (
-    RETURNED_TOGETHER,
-    argument_at,
-    kernel,
-    needs_kernel_call,
-    needs_recurrent_routing,
-)
+from nnterp.components.kernels import argument_at, kernel, needs_kernel_call, needs_recurrent_routing
+from nnterp.components.recurrent import RETURNED_TOGETHER
 from nnterp.layouts import ScanDecays, ScanQK, ScanState, ScanStates, ScanSteps, ScanValues
 from nnterp.order import standard_path
 from nnterp.positions import Positions

@@ -9,14 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from nnterp import DerivedEProperty, EProperty, Unavailable, unavailable
-from nnterp.components.recurrent import (
-    RETURNED_TOGETHER,
-    RecurrentMixer,
-    argument_at,
-    kernel,
-    needs_kernel_call,
-    needs_torch_kernels,
-)
+from nnterp.components.kernels import argument_at, kernel, needs_kernel_call, needs_torch_kernels
+from nnterp.components.recurrent import RETURNED_TOGETHER, RecurrentMixer
 from nnterp.descriptor import resolve
 from nnterp.layouts import Gates, SSDHeadOutputs, SSDKeys, SSDQueries, SSDState, SSDStates, SSDValues
 from nnterp.order import standard_path

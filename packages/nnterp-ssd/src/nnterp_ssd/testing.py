@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from nnterp import Unavailable
-from nnterp.components.recurrent import route_kernels
+from nnterp.components.routing import route_kernels
 from nnterp.testing import PROMPT, RecurrentMixerSuite, close
 
 from .state_space import NO_STATE_OCCURRENCES, NO_STATE_WRITES, StateSpace, chunk_per_token

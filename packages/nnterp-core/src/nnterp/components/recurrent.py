@@ -4,40 +4,42 @@ A recurrent mixer (a gated DeltaNet, a Mamba-1 or a Mamba-2 layer) runs its
 sequence through a kernel function its modeling module calls: a prompt's kernel
 (chunked, or a scan) and a decode step's kernel (one token over the cached
 state). Its values are the arguments and results of that call, so reaching them
-takes four things this module provides:
+takes four things, one module each:
 
 - which kernel fires on this call of the mixer, decided by the forward's own
-  test, once per call (``RecurrentMixer.KERNEL``, :func:`per_call`);
+  test, once per call (``RecurrentMixer.KERNEL``, :mod:`.per_call`);
 - kernels with Python source to read inside: transformers' pure-torch ones, not
-  an optimized package's (:func:`needs_torch_kernels`);
-- :func:`route_kernels`, which binds a family's kernel names to the pure-torch
+  an optimized package's (:mod:`.kernels`);
+- ``route_kernels`` (:mod:`.routing`), which binds a family's kernel names to the pure-torch
   functions process-wide, so a prompt runs through the token-by-token kernel;
 - the state after every token, one occurrence per token of an operation inside
-  that kernel, read and written by occurrence arithmetic (:func:`pinned`).
+  that kernel, read and written by occurrence arithmetic (this module's
+  ``RecurrentMixer``, which also holds the order of a call's values).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
-import re
-import sys
-import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from nnsight.intervention.interleaver import Mediator
-from nnsight.intervention.source import STATE, decorator_chain
 
 from ..descriptor import DerivedEProperty, EProperty, Unavailable, inside_trace
 from ..layouts import Residual, State, States
 from ..order import OrderError, standard_path
-from ..registry import REGISTRY
+from . import kernels
+from .kernels import (
+    INSTRUMENTED,
+    argument_at,
+    bound_kernel,
+    dispatch,
+    forward_arguments,
+    needs_recurrent_routing,
+)
+from .per_call import current_call, per_call, pinned, records_for, replace_per_call
 from .standard import Sublayer, contribution
 
 #: The values read at a kernel call's arguments: the forward produces them together, as the call starts.
@@ -48,379 +50,9 @@ RETURNED_TOGETHER = (CALL_ARGUMENTS, ("state", "states"), ("attention_head_outpu
 #: Values a mixer serves from the call's recorded arguments once the forward has passed their place.
 RECOMPUTED = ("states", "state_trajectory")
 
-#: The modes :func:`route_kernels` accepts.
-ROUTE_MODES = ("torch", "default")
-
-#: Where :func:`route_kernels` keeps a modeling module's import-time kernels while it is routed.
-STASH = "_nnterp_kernels"
-
-#: Argument names a mixer's forward takes its cache under, across transformers versions.
-CACHE_ARGUMENTS = ("cache_params", "cache", "past_key_values")
-
-#: The worker-greenlet attribute holding per_call's records.
-RECORDS = "_nnterp_per_call"
-
-ROUTE_HINT = (
-    "the state after each token is materialized only by the token-by-token kernel; the chunked kernel a "
-    "prompt runs through carries it between chunks. Call nnterp.route_kernels(model.family, 'torch') before "
-    "tracing this layer (slower, like attn_implementation='eager')"
-)
-TRACED_BEFORE_ROUTING = (
-    "nnterp.route_kernels(model.family, 'torch') ran after this mixer was first traced: nnsight compiled its "
-    "forward with the kernels bound then, and it keeps calling the chunked one. Route before the first trace "
-    "that touches the mixer (load the model again to apply the routing to it)"
-)
-
 #: The attribute of a served state copy holding (the buffer it goes back into or ``None``, its layout), for the
 #: write-back of an in-place edit.
 SERVED_FROM = "_nnterp_served_from"
-
-#: Mixer modules whose forward nnsight has instrumented: route_kernels warns that they keep their kernels.
-_INSTRUMENTED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
-
-#: An instrumented forward -> the globals it was compiled over (finding them parses its decorators' source).
-_COMPILED_GLOBALS: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
-
-
-# -- once per call, and pinning -------------------------------------------------
-
-
-def per_call(envoy: Any, key: str, compute: Callable[[], Any]) -> Any:
-    """``compute()`` once per call of the envoy's module, under ``key``.
-
-    For something several values of one call depend on and the model serves
-    once: the kernel the forward branches to, the call's arguments, its
-    sequence length. The current call is the worker's pin when ``tracer.iter``
-    pins a non-zero step (a mixer's operations fire once per call, so
-    occurrence k is call k), else how many times the module's output has been
-    passed, which nnsight counts whether or not anything read it: inside call
-    c that is c, and between calls it names the one about to start.
-
-    The records live on the worker greenlet running the intervention code.
-    Every run of every invoke has its own worker, so two invokes never share a
-    record and none outlives its run.
-    """
-    records, call = _records(envoy, key)
-    record = records.get((envoy.path, key))
-    if record is not None and record[0] == call:
-        return record[1]
-    value = compute()
-    records[(envoy.path, key)] = (call, value)
-    return value
-
-
-def replace_per_call(envoy: Any, key: str, value: Any, call: int | None = None) -> None:
-    """Make ``value`` what ``per_call(envoy, key, ...)`` returns for the rest of the current call (or of ``call``)."""
-    records, current = _records(envoy, key)
-    records[(envoy.path, key)] = (current if call is None else call, value)
-
-
-def _records(envoy: Any, key: str) -> tuple[dict, int]:
-    """The worker's per-call records, and the call of ``envoy``'s module they are for now."""
-    mediator = Mediator.current(key)
-    return mediator.worker.__dict__.setdefault(RECORDS, {}), current_call(envoy)
-
-
-def current_call(envoy: Any) -> int:
-    """The call of ``envoy``'s module the worker's next request is for.
-
-    The call the worker is pinned to (``tracer.iter[k]`` on ``generate``, one
-    call per step; 0 in a plain trace), or, relaxed, the call running now or
-    about to start: how many times the module's output has been passed.
-    """
-    mediator = Mediator.current("call")
-    if mediator.iteration is not None:
-        return mediator.iteration
-    return mediator.occurrence(f"{envoy.path}.output")
-
-
-@contextmanager
-def pinned(occurrence: int | None) -> Iterator[None]:
-    """Pin this worker's reads to ``occurrence`` of their location, as ``tracer.iter[n]`` does; ``None`` relaxes the pin.
-
-    A pinned non-zero read is served at that occurrence and relaxes the pin, so
-    one ``with`` holds one read. The pin the worker had is restored on exit.
-    """
-    mediator = Mediator.current("pinned")
-    previous = mediator.iteration
-    mediator.iteration = occurrence
-    try:
-        yield
-    finally:
-        mediator.iteration = previous
-
-
-# -- the kernels a mixer calls ---------------------------------------------------
-
-
-class Dispatch(NamedTuple):
-    """What transformers' hub dispatcher binds under a kernel's name."""
-
-    torch_function: Callable  #: the pure-torch kernel, with Python source
-    implementation: Callable  #: what the dispatcher calls: the pure-torch kernel, or an optimized one
-    package: str | None  #: the package the optimized kernel comes from ("fla", "mamba_ssm")
-
-
-@functools.cache
-def dispatch(function: Callable) -> Dispatch:
-    """Read the hub dispatcher's closure around ``function``; a plain function dispatches to itself.
-
-    transformers decorates each kernel with ``use_kernel_func_from_hub_with_fallback``,
-    which binds the module-level name to a wrapper closing over
-    ``torch_function`` (the pure-torch body) and ``implementation`` (what it
-    calls: an installed package's kernel, else ``torch_function``).
-    """
-    try:
-        nonlocals = inspect.getclosurevars(function).nonlocals
-    except TypeError:
-        return Dispatch(function, function, None)
-    if "torch_function" not in nonlocals:
-        return Dispatch(function, function, None)
-    pure = nonlocals["torch_function"]
-    return Dispatch(pure, nonlocals.get("implementation", pure), nonlocals.get("package"))
-
-
-def function_name(label: str) -> str:
-    """The module-level name an operation label calls: ``torch_chunk_gated_delta_rule_0`` -> ``torch_chunk_gated_delta_rule``."""
-    return re.sub(r"_\d+$", "", label)
-
-
-def modeling_module(module_class: type) -> ModuleType:
-    """The modeling module a mixer class is defined in, where its forward looks its kernels up."""
-    return sys.modules[module_class.__module__]
-
-
-def bound_kernel(envoy: "RecurrentMixer", label: str) -> Callable | None:
-    """The function the mixer's forward calls under ``label``.
-
-    The live module-level binding, unless nnsight has instrumented this
-    module's forward: it compiles it over a copy of the modeling module's
-    globals, which keeps the bindings of that moment.
-    """
-    module = envoy._module
-    name = function_name(label)
-    state = module.__dict__.get(STATE)
-    if state is not None and state.sourced:
-        return _compiled_globals(state.body).get(name)
-    return getattr(modeling_module(type(module)), name, None)
-
-
-def _compiled_globals(body: Callable) -> dict:
-    """The globals nnsight compiled an instrumented forward over: its innermost function's, under the decorators."""
-    if body not in _COMPILED_GLOBALS:
-        innermost, _ = decorator_chain(body)
-        _COMPILED_GLOBALS[body] = innermost.__globals__
-    return _COMPILED_GLOBALS[body]
-
-
-def _token_loop(envoy: "RecurrentMixer") -> Callable:
-    """The pure-torch kernel whose body binds ``STATE_OP`` once per token, where routing sends a prompt."""
-    cls = type(envoy)
-    loop_label = cls.CHUNK_KERNEL if cls.STEP_STATE_OP is not None else cls.RECURRENT_KERNEL
-    return dispatch(bound_kernel(envoy, loop_label)).torch_function
-
-
-def needs_kernel_call(envoy: "RecurrentMixer") -> str | None:
-    """Why a value computed from the kernel call's arguments is unavailable, or ``None``: the forward makes no such call.
-
-    The arguments are read at the call in the mixer's own forward, whatever
-    the kernel's name is bound to (routed, transformers' default, or an
-    optimized package's kernel), so this is the only reason.
-    """
-    for label in (type(envoy).CHUNK_KERNEL, type(envoy).RECURRENT_KERNEL):
-        if bound_kernel(envoy, label) is None:
-            return f"{type(envoy._module).__name__}'s forward calls no {function_name(label)}"
-    return None
-
-
-def needs_torch_kernels(envoy: "RecurrentMixer") -> str | None:
-    """Why a recurrent mixer's kernel values are unavailable, or ``None``: the kernel has no Python source to read inside."""
-    reason = needs_kernel_call(envoy)
-    if reason is not None:
-        return reason
-    for label in (type(envoy).CHUNK_KERNEL, type(envoy).RECURRENT_KERNEL):
-        dispatched = dispatch(bound_kernel(envoy, label))
-        if dispatched.implementation is not dispatched.torch_function:
-            return (
-                f"read inside transformers' pure-torch {function_name(label)}, but this process dispatches it to "
-                f"an optimized kernel ({dispatched.package}) with no Python source; uninstall it, or call "
-                f"nnterp.route_kernels(model.family, 'torch'), to read these"
-            )
-    return None
-
-
-def needs_recurrent_routing(envoy: "RecurrentMixer") -> str | None:
-    """Why the state after each token is unavailable, or ``None``.
-
-    In this order: the mixer's kernels never bind the state once per token;
-    they have no Python source (:func:`needs_torch_kernels`); the prompt's
-    kernel name is not bound to the token loop (:func:`route_kernels`), which
-    also covers a mixer nnsight compiled before the routing.
-    """
-    cls = type(envoy)
-    if cls.STATE_OP is None:
-        return "this mixer's kernels do not materialize the state after each token"
-    reason = needs_torch_kernels(envoy)
-    if reason is not None:
-        return reason
-    loop = _token_loop(envoy)
-    if bound_kernel(envoy, cls.CHUNK_KERNEL) is loop:
-        return None
-    live = getattr(modeling_module(type(envoy._module)), function_name(cls.CHUNK_KERNEL), None)
-    return TRACED_BEFORE_ROUTING if live is loop else cls.ROUTE_HINT
-
-
-# -- routing ---------------------------------------------------------------------
-
-
-def _mixers(family: ModuleType) -> list[tuple[type, type]]:
-    """``(module class, RecurrentMixer subclass)`` for every recurrent mixer a family wraps."""
-    envoys = getattr(family, "ENVOYS", None)
-    if not isinstance(family, ModuleType) or not isinstance(envoys, dict):
-        raise ValueError(
-            f"route_kernels takes a family module (model.family, or nnterp.families.<name>) or the "
-            f"transformers modeling module of one, not {family!r}"
-        )
-    return [
-        (module_class, envoy_class)
-        for module_class, envoy_class in envoys.items()
-        if isinstance(module_class, type) and isinstance(envoy_class, type) and issubclass(envoy_class, RecurrentMixer)
-    ]
-
-
-def _family_of(target: ModuleType) -> ModuleType:
-    """The family a route_kernels argument names: a family module, or the modeling module one declares."""
-    if isinstance(target, ModuleType) and not hasattr(target, "ENVOYS"):
-        for family in REGISTRY.families().values():
-            if getattr(family, "MODELING", None) is target:
-                return family
-    return target
-
-
-def _routes(family: ModuleType, mode: str) -> dict[tuple[ModuleType, str], Callable]:
-    """What each kernel name of a family's modeling modules is bound to under ``mode``."""
-    routes: dict[tuple[ModuleType, str], Callable] = {}
-    for module_class, mixer in _mixers(family):
-        modeling = modeling_module(module_class)
-        stash = getattr(modeling, STASH, {})
-        labels = (mixer.CHUNK_KERNEL, mixer.RECURRENT_KERNEL)
-        for label in labels:
-            name = function_name(label)
-            if not hasattr(modeling, name):
-                raise ValueError(f"{modeling.__name__} binds no {name}, the kernel {mixer.__name__} expects")
-        if mode == "default":
-            for label in labels:
-                name = function_name(label)
-                routes[(modeling, name)] = stash.get(name, getattr(modeling, name))
-            continue
-        originals = {
-            label: stash.get(function_name(label), getattr(modeling, function_name(label))) for label in labels
-        }
-        pure = {label: dispatch(fn).torch_function for label, fn in originals.items()}
-        for label in labels:
-            own = pure[label]
-            if mixer.STATE_OP is not None and mixer.STEP_STATE_OP is None:
-                own = pure[mixer.RECURRENT_KERNEL]
-            routes[(modeling, function_name(label))] = own
-    return routes
-
-
-def route_kernels(family: ModuleType, mode: str) -> None:
-    """Bind a family's recurrent kernels, process-wide.
-
-    ``"torch"`` binds the prompt's and the decode step's kernel names in the
-    family's modeling module to transformers' pure-torch kernels: the slower
-    path, and the only one with Python source to read values inside. Where the
-    token-by-token kernel binds the state after every token (``STATE_OP``) and
-    the decode kernel is that loop (a gated DeltaNet), the prompt's name is
-    bound to it too, so a prompt runs token by token and ``state``,
-    ``states``, ``state_after`` and ``set_state_after`` reach every position;
-    a mixer whose prompt kernel is itself the loop (``STEP_STATE_OP``, Mamba-1)
-    keeps each name on its own function. ``"default"`` restores what the module
-    bound at import.
-
-    Like installing a kernel package it applies to every model of the family.
-    Call it before the first trace that touches a mixer: nnsight compiles a
-    mixer's forward over the bindings of that moment and the forward keeps
-    them; routing afterwards, either way, warns, naming how many mixers keep
-    the kernels they were compiled with (under ``"torch"`` their ``states``
-    then say so too).
-
-    Args:
-        family: The family module (``model.family``,
-            ``nnterp.families.qwen3_5_text``) or its transformers modeling module.
-        mode: ``"torch"`` or ``"default"``.
-
-    Raises:
-        ValueError: an unknown mode, or something that is not a family with
-            recurrent mixers. Nothing is rebound then.
-    """
-    if mode not in ROUTE_MODES:
-        raise ValueError(f"route_kernels mode must be one of {', '.join(map(repr, ROUTE_MODES))}, not {mode!r}")
-    family = _family_of(family)
-    mixers = _mixers(family)
-    if not mixers:
-        routable = sorted(name for name, candidate in REGISTRY.families().items() if _mixers(candidate))
-        raise ValueError(
-            f"family {family.__name__} wraps no recurrent mixer, so it has no kernels to route; the installed "
-            f"families with one: {', '.join(routable) or '(none)'}"
-        )
-    routes = _routes(family, mode)
-    for (modeling, name), function in routes.items():
-        stash = modeling.__dict__.setdefault(STASH, {})
-        stash.setdefault(name, getattr(modeling, name))
-        setattr(modeling, name, function)
-    if mode == "default":
-        for modeling in {modeling for modeling, _ in routes}:
-            delattr(modeling, STASH)
-    _warn_if_compiled(mixers, routes, mode)
-
-
-def _warn_if_compiled(
-    mixers: list[tuple[type, type]], routes: dict[tuple[ModuleType, str], Callable], mode: str
-) -> None:
-    classes = tuple(module_class for module_class, _ in mixers)
-    stale = 0
-    for module in list(_INSTRUMENTED):
-        if not isinstance(module, classes):
-            continue
-        compiled = _compiled_globals(module.__dict__[STATE].body)
-        modeling = modeling_module(type(module))
-        if any(compiled.get(name) is not fn for (where, name), fn in routes.items() if where is modeling):
-            stale += 1
-    if stale:
-        kept = "the chunked kernels" if mode == "torch" else "the token-by-token kernels (and their per-token states)"
-        warnings.warn(
-            f"route_kernels(..., {mode!r}): {stale} mixer module(s) of this family were already traced and keep "
-            f"{kept} they were compiled with; the routing applies to models loaded (or first traced) from now on",
-            stacklevel=3,
-        )
-
-
-# -- the mixer -------------------------------------------------------------------
-
-
-def kernel(attribute: str) -> Callable[["RecurrentMixer"], str]:
-    """The key function of a value read at the kernel call: ``source.<KERNEL(envoy)>.<attribute>``."""
-
-    def key(envoy: "RecurrentMixer") -> str:
-        return f"source.{type(envoy).KERNEL(envoy)}.{attribute}"
-
-    return key
-
-
-def argument_at(arguments: tuple[tuple, dict], place: int | str) -> Any:
-    """The argument of a call's ``(args, kwargs)`` at ``place``: a position, or a keyword (``None`` when not passed)."""
-    args, kwargs = arguments
-    return kwargs.get(place) if isinstance(place, str) else args[place]
-
-
-def _call_arguments(arguments: tuple[tuple, dict]) -> tuple[torch.Tensor, Any]:
-    """The hidden states and the cache a mixer was called with."""
-    args, kwargs = arguments
-    hidden = args[0] if args else kwargs["hidden_states"]
-    cache = next((kwargs[name] for name in CACHE_ARGUMENTS if name in kwargs), args[1] if len(args) > 1 else None)
-    return hidden, cache
 
 
 class RecurrentMixer(Sublayer):
@@ -468,7 +100,7 @@ class RecurrentMixer(Sublayer):
     #: The call inside transformers' hub dispatcher wrapper that runs the kernel's body.
     DISPATCHED: str = "implementation_0"
     #: What needs_recurrent_routing says while the family's kernels are not routed.
-    ROUTE_HINT: str = ROUTE_HINT
+    ROUTE_HINT: str = kernels.ROUTE_HINT
     #: Where the prompt's kernel and the decode kernel take the state the call starts from (a position or a
     #: keyword; ``None`` for a kernel that takes none). It is the cache's buffer, which the forward overwrites with
     #: the call's final state (the decode kernel in place, the cache after a prompt), so ``entering_state`` copies it.
@@ -491,7 +123,7 @@ class RecurrentMixer(Sublayer):
     def source(self) -> Any:
         """nnsight's ``.source``, recording that this mixer's forward is compiled (route_kernels warns about it)."""
         source = super().source
-        _INSTRUMENTED.add(self._module)
+        INSTRUMENTED.add(self._module)
         return source
 
     @staticmethod
@@ -515,7 +147,7 @@ class RecurrentMixer(Sublayer):
                 continues = bool(served[cls.BRANCH])
                 seq = served[cls.SEQ_OP].shape[1]
             else:
-                hidden, cache = _call_arguments(envoy.inputs)
+                hidden, cache = forward_arguments(envoy.inputs)
                 seq = hidden.shape[1]
                 continues = cache is not None and seq == 1 and getattr(source, cls.CACHED_STATE).output is not None
             return cls.RECURRENT_KERNEL if continues and seq == 1 else cls.CHUNK_KERNEL
@@ -699,7 +331,7 @@ class RecurrentMixer(Sublayer):
 
     def _peek(self, key: str, call: int | None = None) -> Any:
         """What ``per_call(self, key, ...)`` holds for the current call (or ``call``) without computing it; else ``None``."""
-        records, current = _records(self, key)
+        records, current = records_for(self, key)
         record = records.get((self.path, key))
         return record[1] if record is not None and record[0] == (current if call is None else call) else None
 

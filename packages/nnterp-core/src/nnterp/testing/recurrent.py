@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 import torch
 from transformers.integrations import use_kernel_func_from_hub_with_fallback
 
-from ..components.recurrent import CACHE_ARGUMENTS, dispatch, function_name, modeling_module, route_kernels
+from ..components.kernels import CACHE_ARGUMENTS, dispatch, function_name, modeling_module
+from ..components.routing import route_kernels
 from ..descriptor import Unavailable
 from ..registry import REGISTRY
 from .models import tiny_standardized

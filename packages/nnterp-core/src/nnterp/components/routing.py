@@ -1,0 +1,143 @@
+"""route_kernels: binding a family's recurrent kernel names to transformers' pure-torch functions, process-wide."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from types import ModuleType
+
+from nnsight.intervention.source import STATE
+
+from ..registry import REGISTRY
+from .kernels import INSTRUMENTED, compiled_globals, dispatch, function_name, modeling_module
+from .recurrent import RecurrentMixer
+
+#: The modes :func:`route_kernels` accepts.
+ROUTE_MODES = ("torch", "default")
+
+#: Where :func:`route_kernels` keeps a modeling module's import-time kernels while it is routed.
+STASH = "_nnterp_kernels"
+
+
+def _mixers(family: ModuleType) -> list[tuple[type, type]]:
+    """``(module class, RecurrentMixer subclass)`` for every recurrent mixer a family wraps."""
+    envoys = getattr(family, "ENVOYS", None)
+    if not isinstance(family, ModuleType) or not isinstance(envoys, dict):
+        raise ValueError(
+            f"route_kernels takes a family module (model.family, or nnterp.families.<name>) or the "
+            f"transformers modeling module of one, not {family!r}"
+        )
+    return [
+        (module_class, envoy_class)
+        for module_class, envoy_class in envoys.items()
+        if isinstance(module_class, type) and isinstance(envoy_class, type) and issubclass(envoy_class, RecurrentMixer)
+    ]
+
+
+def _family_of(target: ModuleType) -> ModuleType:
+    """The family a route_kernels argument names: a family module, or the modeling module one declares."""
+    if isinstance(target, ModuleType) and not hasattr(target, "ENVOYS"):
+        for family in REGISTRY.families().values():
+            if getattr(family, "MODELING", None) is target:
+                return family
+    return target
+
+
+def _routes(family: ModuleType, mode: str) -> dict[tuple[ModuleType, str], Callable]:
+    """What each kernel name of a family's modeling modules is bound to under ``mode``."""
+    routes: dict[tuple[ModuleType, str], Callable] = {}
+    for module_class, mixer in _mixers(family):
+        modeling = modeling_module(module_class)
+        stash = getattr(modeling, STASH, {})
+        labels = (mixer.CHUNK_KERNEL, mixer.RECURRENT_KERNEL)
+        for label in labels:
+            name = function_name(label)
+            if not hasattr(modeling, name):
+                raise ValueError(f"{modeling.__name__} binds no {name}, the kernel {mixer.__name__} expects")
+        if mode == "default":
+            for label in labels:
+                name = function_name(label)
+                routes[(modeling, name)] = stash.get(name, getattr(modeling, name))
+            continue
+        originals = {
+            label: stash.get(function_name(label), getattr(modeling, function_name(label))) for label in labels
+        }
+        pure = {label: dispatch(fn).torch_function for label, fn in originals.items()}
+        for label in labels:
+            own = pure[label]
+            if mixer.STATE_OP is not None and mixer.STEP_STATE_OP is None:
+                own = pure[mixer.RECURRENT_KERNEL]
+            routes[(modeling, function_name(label))] = own
+    return routes
+
+
+def route_kernels(family: ModuleType, mode: str) -> None:
+    """Bind a family's recurrent kernels, process-wide.
+
+    ``"torch"`` binds the prompt's and the decode step's kernel names in the
+    family's modeling module to transformers' pure-torch kernels: the slower
+    path, and the only one with Python source to read values inside. Where the
+    token-by-token kernel binds the state after every token (``STATE_OP``) and
+    the decode kernel is that loop (a gated DeltaNet), the prompt's name is
+    bound to it too, so a prompt runs token by token and ``state``,
+    ``states``, ``state_after`` and ``set_state_after`` reach every position;
+    a mixer whose prompt kernel is itself the loop (``STEP_STATE_OP``, Mamba-1)
+    keeps each name on its own function. ``"default"`` restores what the module
+    bound at import.
+
+    Like installing a kernel package it applies to every model of the family.
+    Call it before the first trace that touches a mixer: nnsight compiles a
+    mixer's forward over the bindings of that moment and the forward keeps
+    them; routing afterwards, either way, warns, naming how many mixers keep
+    the kernels they were compiled with (under ``"torch"`` their ``states``
+    then say so too).
+
+    Args:
+        family: The family module (``model.family``,
+            ``nnterp.families.qwen3_5_text``) or its transformers modeling module.
+        mode: ``"torch"`` or ``"default"``.
+
+    Raises:
+        ValueError: an unknown mode, or something that is not a family with
+            recurrent mixers. Nothing is rebound then.
+    """
+    if mode not in ROUTE_MODES:
+        raise ValueError(f"route_kernels mode must be one of {', '.join(map(repr, ROUTE_MODES))}, not {mode!r}")
+    family = _family_of(family)
+    mixers = _mixers(family)
+    if not mixers:
+        routable = sorted(name for name, candidate in REGISTRY.families().items() if _mixers(candidate))
+        raise ValueError(
+            f"family {family.__name__} wraps no recurrent mixer, so it has no kernels to route; the installed "
+            f"families with one: {', '.join(routable) or '(none)'}"
+        )
+    routes = _routes(family, mode)
+    for (modeling, name), function in routes.items():
+        stash = modeling.__dict__.setdefault(STASH, {})
+        stash.setdefault(name, getattr(modeling, name))
+        setattr(modeling, name, function)
+    if mode == "default":
+        for modeling in {modeling for modeling, _ in routes}:
+            delattr(modeling, STASH)
+    _warn_if_compiled(mixers, routes, mode)
+
+
+def _warn_if_compiled(
+    mixers: list[tuple[type, type]], routes: dict[tuple[ModuleType, str], Callable], mode: str
+) -> None:
+    classes = tuple(module_class for module_class, _ in mixers)
+    stale = 0
+    for module in list(INSTRUMENTED):
+        if not isinstance(module, classes):
+            continue
+        compiled = compiled_globals(module.__dict__[STATE].body)
+        modeling = modeling_module(type(module))
+        if any(compiled.get(name) is not fn for (where, name), fn in routes.items() if where is modeling):
+            stale += 1
+    if stale:
+        kept = "the chunked kernels" if mode == "torch" else "the token-by-token kernels (and their per-token states)"
+        warnings.warn(
+            f"route_kernels(..., {mode!r}): {stale} mixer module(s) of this family were already traced and keep "
+            f"{kept} they were compiled with; the routing applies to models loaded (or first traced) from now on",
+            stacklevel=3,
+        )
