@@ -104,7 +104,6 @@ class EProperty(eproperty):
         self.unavailable = unavailable
         self.select = select
         self._define: Callable | None = None
-        self._write_back: Callable | None = None
 
     def __call__(self, define: Callable) -> "EProperty":
         super().__call__(define)
@@ -124,7 +123,6 @@ class EProperty(eproperty):
 
     def transform(self, func: Callable) -> "EProperty":
         """Register the write-back of an edited view: ``func(envoy, view, element)`` returns the element to put back."""
-        self._write_back = func
         self._transform = func
         return self
 
@@ -205,17 +203,17 @@ class EProperty(eproperty):
         self._check_ahead(obj, location)
         mediator = Mediator.current(location)
         occurrence = mediator.wanted(location)
-        if self._write_back is not None:
+        if self._transform is not None:
             waiting = mediator.transform
             if waiting is not None and waiting.key == (self, location, occurrence):
                 return waiting.view
         raw = Mediator.value(location)
         attribute, element = self._attribute(obj), self._element(obj)
         value = self._define(obj, pick(attribute, element, raw))
-        if self._write_back is not None:
+        if self._transform is not None:
 
             def write_back() -> Any:
-                return place(attribute, element, raw, self._write_back(obj, value, pick(attribute, element, raw)))
+                return place(attribute, element, raw, self._transform(obj, value, pick(attribute, element, raw)))
 
             mediator.transform = WriteBack(write_back, value, self, location, occurrence)
         return value
@@ -231,9 +229,8 @@ class EProperty(eproperty):
             self.check_layout(obj, self._serve(obj, raw), value)
             if self._postprocess is not None:
                 value = self._postprocess(obj, value)
-            location = self._location(obj)
             if self._in_container(obj):
-                value = self._place(obj, Mediator.value(location), value)
+                value = self._place(obj, raw, value)
             Mediator.swap(location, value)
         record_order(obj, self.name, written=True)
         replaced = getattr(type(obj), "replaced", None)
@@ -350,15 +347,8 @@ class DerivedEProperty(EProperty):
         if self.description is None and compute.__doc__:
             self.description = compute.__doc__.strip().splitlines()[0]
 
-    def __get__(self, obj: Envoy | None, owner: Any = None) -> Any:
-        if obj is None:
-            return self
-        self._check(obj)
-        with self.in_order(obj):
-            check_order(obj, self.name)
-            value = self.compute(obj)
-        record_order(obj, self.name)
-        return value
+    def _read(self, obj: Envoy) -> Any:
+        return self.compute(obj)
 
     def __set__(self, obj: Envoy, value: Any) -> None:
         raise AttributeError(f"{self.name} is derived and read-only")

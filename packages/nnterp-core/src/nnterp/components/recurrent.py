@@ -20,9 +20,9 @@ takes four things, one module each:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any, NamedTuple
 
 import torch
 from nnsight.intervention.interleaver import Mediator
@@ -47,12 +47,31 @@ CALL_ARGUMENTS = ("state_input", "attention_queries", "attention_keys", "attenti
 #: A call's order where the kernel returns its head outputs and its final state together.
 RETURNED_TOGETHER = (CALL_ARGUMENTS, ("state", "states"), ("attention_head_outputs", "state_output"))
 
+#: The order of a recurrent mixer's values that works on every family, on prompts and decode steps alike: the one
+#: the docs teach.
+TAUGHT_ORDER = (
+    *CALL_ARGUMENTS,
+    "states",
+    "attention_head_outputs",
+    "state_output",
+    "state_trajectory",
+    "attention_output",
+)
+
 #: Values a mixer serves from the call's recorded arguments once the forward has passed their place.
 RECOMPUTED = ("states", "state_trajectory")
 
 #: The attribute of a served state copy holding (the buffer it goes back into or ``None``, its layout), for the
 #: write-back of an in-place edit.
 SERVED_FROM = "_nnterp_served_from"
+
+
+class Reached(NamedTuple):
+    """How far one call's forward has come, as its values were read or written."""
+
+    stage: float  #: the furthest stage of the call's order reached
+    last: str  #: the value read or written there last
+    names: frozenset[str]  #: every value read or written at that stage
 
 
 class RecurrentMixer(Sublayer):
@@ -221,7 +240,7 @@ class RecurrentMixer(Sublayer):
         """
         furthest = self._peek("furthest")
         head_outputs = self._stage("attention_head_outputs")
-        return furthest is not None and (furthest[0] > head_outputs or "attention_head_outputs" in furthest[2])
+        return furthest is not None and (furthest.stage > head_outputs or "attention_head_outputs" in furthest.names)
 
     def write_updated_state(self, value: torch.Tensor, layout: Callable) -> None:
         """Copy ``value``, in the standard ``layout``, into the decode kernel's state buffer.
@@ -242,7 +261,8 @@ class RecurrentMixer(Sublayer):
         if not self.decoding():
             return layout(value)
         if self.reads_state_after_the_update():
-            return self.serve_state(self.updated_state(), layout, buffer=self.updated_state())
+            buffer = self.updated_state()
+            return self.serve_state(buffer, layout, buffer=buffer)
         return self.serve_state(value, layout)
 
     def place_state_output(self, value: torch.Tensor, layout: Callable) -> Any:
@@ -345,6 +365,10 @@ class RecurrentMixer(Sublayer):
         forwards = mediator.occurrence(f"{self.root.path}.input")
         return mediator.iteration is None and forwards > 0 and mediator.occurrence(f"{self.path}.output") == forwards
 
+    def _returned(self) -> bool:
+        """Whether the call the worker's next request is for has already returned."""
+        return Mediator.current("call").occurrence(f"{self.path}.output") > current_call(self)
+
     def _call_of_the_output(self) -> int:
         """The call ``attention_output`` was read for: read after the mixer returned (at a block's scaling), that call."""
         return current_call(self) - 1 if self._between_calls() else current_call(self)
@@ -356,12 +380,12 @@ class RecurrentMixer(Sublayer):
         the mixer has returned (for a value inside it), or a value the forward
         produces later in the call has been read or written.
         """
-        with pinned(None) if name == "state" else _unchanged():
+        with pinned(None) if name == "state" else nullcontext():
             where = f"{name} on {standard_path(self)}"
             call = current_call(self)
             # computed from the call's recorded arguments once its place has passed
             recomputable = name in RECOMPUTED and self._peek("arguments") is not None
-            returned = Mediator.current(name).occurrence(f"{self.path}.output") > call
+            returned = self._returned()
             if returned and name != "attention_output" and not recomputable:
                 raise OrderError(
                     f"{where} was asked for after this call of the mixer returned; {self.order_hint(name)}"
@@ -374,13 +398,13 @@ class RecurrentMixer(Sublayer):
             if furthest is not None and not recomputable:
                 # with no arguments recorded, a recomputed value needs the call's start; after the output (whose
                 # stage is known before the kernel is), everything inside the call is earlier
-                if name in RECOMPUTED or (furthest[0] == math.inf and name != "attention_output"):
+                if name in RECOMPUTED or (furthest.stage == math.inf and name != "attention_output"):
                     stage = 0
                 else:
                     stage = self._stage(name)
-                if stage is not None and stage < furthest[0]:
+                if stage is not None and stage < furthest.stage:
                     raise OrderError(
-                        f"{where} was asked for after {furthest[1]}, which this call's forward produces later; "
+                        f"{where} was asked for after {furthest.last}, which this call's forward produces later; "
                         f"{self.order_hint(name)}"
                     )
             if name != "attention_output" and not returned:
@@ -389,17 +413,17 @@ class RecurrentMixer(Sublayer):
 
     def record_order(self, name: str, written: bool = False) -> None:
         """Note that ``name`` was served or written in this call: the place the forward has reached, and state writes."""
-        with pinned(None) if name == "state" else _unchanged():
+        with pinned(None) if name == "state" else nullcontext():
             if written and name in ("state", "states"):
                 replace_per_call(self, "state written", True)
             call = self._call_of_the_output() if name == "attention_output" else current_call(self)
             # before anything inside the call is read, which kernel fires is not known: only the output has a stage then
             known = self._peek("kernel", call) is not None or name == "attention_output"
             stage = self._stage(name) if known else None
-            furthest = self._peek("furthest", call) or (-1, None, frozenset())
-            if stage is not None and stage >= furthest[0]:
-                served = furthest[2] if stage == furthest[0] else frozenset()
-                replace_per_call(self, "furthest", (stage, name, served | {name}), call)
+            furthest = self._peek("furthest", call) or Reached(-1, "", frozenset())
+            if stage is not None and stage >= furthest.stage:
+                names = furthest.names if stage == furthest.stage else frozenset()
+                replace_per_call(self, "furthest", Reached(stage, name, names | {name}), call)
 
     # -- what the mixer adds -----------------------------------------------------
 
@@ -499,9 +523,9 @@ class RecurrentMixer(Sublayer):
         or the token loop has already bound that token's state.
         """
         furthest = self._peek("furthest")
-        if furthest is not None and furthest[0] > self._stage("states"):
+        if furthest is not None and furthest.stage > self._stage("states"):
             return True
-        if Mediator.current("states").occurrence(f"{self.path}.output") > current_call(self):
+        if self._returned():
             return True
         located = self._peek("call")
         if located is None:
@@ -565,7 +589,7 @@ class RecurrentMixer(Sublayer):
         position = self._position("set_state_after", t)
         if self._token_passed(position):
             furthest = self._peek("furthest")
-            after = f" after {furthest[1]}" if furthest is not None else ""
+            after = f" after {furthest.last}" if furthest is not None else ""
             raise OrderError(
                 f"set_state_after({t}) on {standard_path(self)}: the token loop has already passed token {t}{after}, "
                 f"so the write could not reach the tokens after it; write the state before reading states or any "
@@ -576,8 +600,3 @@ class RecurrentMixer(Sublayer):
             type(self).state.check_layout(self, op.output, value)
             op.output = value
         self.record_order("states", written=True)
-
-
-@contextmanager
-def _unchanged() -> Iterator[None]:
-    yield

@@ -16,24 +16,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..components.recurrent import RECOMPUTED
+from ..components.recurrent import RECOMPUTED, TAUGHT_ORDER
 from ..order import OrderError
 from .suites import PROMPT, Suite
 
-#: A recurrent mixer's values in the order the docs teach, which every mixer serves in one trace.
-TAUGHT_ORDER = (
-    "state_input",
-    "attention_queries",
-    "attention_keys",
-    "attention_values",
-    "decays",
-    "betas",
-    "states",
-    "attention_head_outputs",
-    "state_output",
-    "state_trajectory",
-    "attention_output",
-)
 #: Not a mixer's value: the model's logits, read after the mixer's values to see a write reach them.
 LOGITS = "logits"
 #: Decode steps the generate runs take after the prompt's step: two, so that a read served from the wrong step shows.
