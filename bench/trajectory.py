@@ -37,8 +37,8 @@ import mamba
 import ssd
 import torch
 
-import nnterp
-from nnterp import route_kernels
+from nnterp import REGISTRY, RecurrentMixer, route_kernels
+from nnterp.components.per_token import PerToken
 from nnterp.testing import blocks_with
 
 
@@ -47,8 +47,6 @@ class Family:
     model_type: str
     config: dict
     title: str
-    #: How the family serves every state without state_trajectory: "routed" or "chunk_per_token".
-    per_token: str
     load: dict = field(default_factory=dict)
 
 
@@ -59,20 +57,17 @@ FAMILIES = {
         # the model needs one softmax attention block: its cache reports the sequence length
         {**deltanet.CONFIG, "num_hidden_layers": 3, "layer_types": ["linear_attention"] * 2 + ["full_attention"]},
         "gated DeltaNet, 2 mixers (16 heads x 128 x 128), hidden 1024",
-        "routed",
         dict(attn_implementation="eager"),
     ),
     "mamba": Family(
         "mamba",
         {**mamba.CONFIG, "num_hidden_layers": 2},
         "Mamba-1, 2 mixers (1536 channels x state 16), hidden 768",
-        "routed",
     ),
     "ssd": Family(
         "mamba2",
         {**ssd.CONFIG, "num_hidden_layers": 2},
         "Mamba-2, 2 mixers (24 heads x head_dim 64 x state 128, chunk 256), hidden 768",
-        "chunk_per_token",
     ),
 }
 #: What a peak-memory run does: the plain forward, or a trace reading the last position's state.
@@ -108,20 +103,27 @@ def trajectory(model, ids: dict[int, torch.Tensor], positions=None) -> harness.R
     return run
 
 
+def strategy(family: Family) -> PerToken:
+    """How the family's mixers serve the state after every token: routed, or a per-model switch (``PER_TOKEN``)."""
+    envoys = REGISTRY.family(family.model_type).ENVOYS.values()
+    return next(envoy.PER_TOKEN for envoy in envoys if isinstance(envoy, type) and issubclass(envoy, RecurrentMixer))
+
+
 def per_token_states(family: Family, ids: dict[int, torch.Tensor]) -> harness.Run:
-    """``states`` on every mixer, the way the family serves them: routed, or under chunk_per_token."""
+    """``states`` on every mixer, the way its kind serves them (``PER_TOKEN``): routed, or with the per-model switch on."""
     (module,) = harness.twins(family.model_type, family.config, copies=1, **family.load)
     model = harness.standardized(module)
     read = harness.read(model, mixers(model), ["states"], ids)
-    if family.per_token == "routed":
+    per_token = strategy(family)
+    if per_token.routed:
         return read
 
     def run(n: int) -> None:
-        nnterp.chunk_per_token(model)
+        per_token.enable(model)
         try:
             read(n)
         finally:
-            nnterp.chunk_per_token(model, enabled=False)
+            per_token.enable(model, enabled=False)
 
     return run
 
@@ -138,7 +140,7 @@ def measure(family: Family, lengths: list[int], repeats: int) -> dict[tuple[str,
     if rest:
         every64 = {"plain": harness.forward(plain, ids), "every64": trajectory(model, ids, slice(None, None, 64))}
         times |= harness.medians(every64, rest, repeats)
-    routed = family.per_token == "routed"
+    routed = strategy(family).routed
     if routed:
         with warnings.catch_warnings():
             # the unrouted model above was compiled with the default kernels and keeps them, as intended here
@@ -188,7 +190,7 @@ def peak_in_fresh_process(name: str, run_name: str, tokens: int, threads: int | 
 
 def report(name: str, times: dict[tuple[str, int], float], peaks: dict[str, float], last: int) -> None:
     family = FAMILIES[name]
-    states = "routed states" if family.per_token == "routed" else "chunk_per_token states"
+    states = "routed states" if strategy(family).routed else "chunk_per_token states"
     print(f"{family.title}; {torch.get_num_threads()} thread(s), median seconds")
     for n in dict.fromkeys(n for _, n in times):
         plain = times["plain", n]

@@ -1,8 +1,11 @@
+import inspect
+
 import pytest
 import torch
 from nnsight.intervention.source import SourceNotAvailable
 
 from nnterp import DerivedEProperty, EProperty, Layer, Unavailable, axis_size, unavailable
+from nnterp.descriptor import BoundArgument
 from nnterp.layouts import HIDDEN, Residual
 from nnterp.testing import PROMPT, close
 
@@ -146,3 +149,41 @@ def test_repr_lists_values_with_layouts(model):
     text = repr(model)
     assert "(layer_output) -> Residual [batch, seq, hidden_size]" in text
     assert "(mlp_neurons) -> Neurons [batch, seq, intermediate_size]" in text
+
+
+def rule(query, key, g, beta, chunk_size=64, initial_state=None, output_final_state=False, **kwargs):
+    """A kernel-shaped function: what it returns shows which arguments it received."""
+    start = 0.0 if initial_state is None else initial_state
+    return query * key + g * beta + start + chunk_size + len(kwargs)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        ((1.0, 2.0, 3.0, 4.0), {"initial_state": 5.0}),
+        ((1.0, 2.0), {"g": 3.0, "beta": 4.0, "initial_state": 5.0}),
+        ((), {"query": 1.0, "key": 2.0, "g": 3.0, "beta": 4.0, "initial_state": 5.0}),
+        ((1.0, 2.0, 3.0, 4.0, 64, 5.0), {}),
+    ],
+    ids=["keyword state", "keyword gates", "all keywords", "all positional"],
+)
+def test_a_bound_argument_is_found_and_replaced_wherever_the_call_passes_it(call):
+    """Every spelling of one call reads the same arguments, and a replacement reaches the function as that argument."""
+    signature = inspect.signature(rule)
+    expected = rule(*call[0], **call[1])
+    for name, value in (("g", 3.0), ("beta", 4.0), ("initial_state", 5.0), ("chunk_size", 64)):
+        assert BoundArgument(signature, name).pick(call) == value, name
+    args, kwargs = BoundArgument(signature, "beta").place(call, 40.0)
+    assert rule(*args, **kwargs) == expected + 3.0 * 36.0
+    args, kwargs = BoundArgument(signature, "initial_state").place(call, None)
+    assert rule(*args, **kwargs) == expected - 5.0
+
+
+def test_a_bound_argument_reads_defaults_and_kwargs_and_refuses_a_parameter_the_function_lacks():
+    signature = inspect.signature(rule)
+    call = ((1.0, 2.0, 3.0, 4.0), {"use_qk_l2norm_in_kernel": True})
+    assert BoundArgument(signature, "output_final_state").pick(call) is False
+    assert BoundArgument(signature, "use_qk_l2norm_in_kernel").pick(call) is True
+    assert BoundArgument(signature, "state").pick(call) is None
+    with pytest.raises(TypeError, match="no parameter 'state'"):
+        BoundArgument(signature, "state").place(call, 1.0)

@@ -7,7 +7,7 @@ import torch
 
 from nnterp import Unavailable, route_kernels
 from nnterp.testing import PROMPT, close, tiny_standardized
-from nnterp_mamba.selective_scan import UNROUTED, SelectiveScan
+from nnterp_mamba.selective_scan import SelectiveScan
 from nnterp_mamba.testing import selective_scan_reference
 
 # These tests route and unroute the family around models they trace and drop; routing then warns about the
@@ -26,7 +26,7 @@ def routed():
 
 def test_states_need_routing_and_follow_it():
     model = tiny_standardized("mamba")
-    assert model.support()["linear_attn.states"] == {0: UNROUTED, 1: UNROUTED}
+    assert model.support()["linear_attn.states"] == dict.fromkeys((0, 1), SelectiveScan.PER_TOKEN.hint)
     with pytest.raises(Unavailable, match="route_kernels"):
         with model.trace(PROMPT):
             model.layers[0].linear_attn.states.save()
@@ -35,7 +35,7 @@ def test_states_need_routing_and_follow_it():
         assert model.support()["linear_attn.states"] is None
     finally:
         route_kernels(model.family, "default")
-    assert model.support()["linear_attn.states"] == {0: UNROUTED, 1: UNROUTED}
+    assert model.support()["linear_attn.states"] == dict.fromkeys((0, 1), SelectiveScan.PER_TOKEN.hint)
 
 
 def test_values_inside_the_dispatcher_match_the_routed_ones():

@@ -15,10 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from . import families, layouts
-from .components.kernels import needs_recurrent_routing, needs_torch_kernels
+from .components.kernels import needs_torch_kernels
 from .components.layer import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, Layer
 from .components.mlp import Mlp
 from .components.per_call import per_call, pinned
+from .components.per_token import needs_recurrent_routing
 from .components.recurrent import RecurrentMixer
 from .components.routing import route_kernels
 from .components.standard import Standard, Sublayer, axis_size, blocks_support, contribution

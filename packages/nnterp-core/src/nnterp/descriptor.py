@@ -9,7 +9,8 @@ modules are spelled the same way:
 - ``"output"``: the host module's own output (its first tensor when the module
   returns a tuple; an assignment is put back into the tuple).
 - ``"inputs"`` with ``select=i`` (or ``select="name"``): one argument of the
-  host's forward call.
+  host's forward call; an :class:`ArgumentSelection` (a :class:`BoundArgument`
+  finds it by the called function's own signature) for one that moves.
 - ``"../post_attention_layernorm.output"``: a module named relative to the host.
 - ``"/embed_tokens.output"``: a path walked from the model's root.
 - ``"source.attention_interface_1.inputs"``: an operation inside the host's
@@ -28,9 +29,11 @@ raises :class:`Unavailable` with it before the model runs.
 
 from __future__ import annotations
 
+import inspect
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,14 +43,66 @@ from nnsight.intervention.interleaver import Mediator, OutOfOrderError
 from nnsight.intervention.source import SourceNotAvailable
 from nnsight.intervention.util import first_input, replace_first_input
 
+from . import layouts
 from .order import FORWARD_ORDER, OrderError, passed, standard_path
 
 Reason = "str | Callable[[Envoy], str | None] | None"
-Select = "int | str | Callable[[Envoy], int | str | None] | None"
+Select = "int | str | ArgumentSelection | Callable[[Envoy], int | str | ArgumentSelection | None] | None"
 
 #: The attributes a path may end in that serve a call's ``(args, kwargs)``;
 #: ``input`` selects the first argument unless ``select`` names another.
 ARGUMENT_ATTRIBUTES = ("inputs", "input")
+
+
+class ArgumentSelection:
+    """An element of a call's ``(args, kwargs)`` that finds itself there: what ``select`` returns for an argument
+    that is not at one fixed position or keyword.
+
+    It is decided when the value is read, and its ``place`` is what an edited
+    view's write-back uses later, when the worker may have moved on to another
+    step: so it holds everything it needs, and asks the envoy nothing.
+    """
+
+    def pick(self, arguments: tuple[tuple, dict]) -> Any:
+        """The element in the call's ``(args, kwargs)``."""
+        raise NotImplementedError
+
+    def place(self, arguments: tuple[tuple, dict], value: Any) -> tuple[tuple, dict]:
+        """The call's ``(args, kwargs)`` with ``value`` as the element."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class BoundArgument(ArgumentSelection):
+    """An argument of a call found by the called function's signature, by position or keyword alike.
+
+    For calls whose arguments move between versions of the caller: the
+    element is the parameter ``name`` of ``signature``, what the call passed
+    for it or the parameter's default, and an assignment rebuilds the call's
+    ``(args, kwargs)`` through the bound arguments.
+    """
+
+    signature: inspect.Signature
+    name: str
+
+    def pick(self, arguments: tuple[tuple, dict]) -> Any:
+        """The argument ``name`` of the call ``(args, kwargs)``: as passed, else its default; ``None`` if it has neither."""
+        bound = self.signature.bind(*arguments[0], **arguments[1])
+        if self.name in bound.arguments:
+            return bound.arguments[self.name]
+        parameter = self.signature.parameters.get(self.name)
+        if parameter is None:
+            # passed through the function's **kwargs, if at all
+            return bound.kwargs.get(self.name)
+        return None if parameter.default is inspect.Parameter.empty else parameter.default
+
+    def place(self, arguments: tuple[tuple, dict], value: Any) -> tuple[tuple, dict]:
+        """The call's ``(args, kwargs)`` with ``value`` passed for ``name``; a function without that parameter raises."""
+        if self.name not in self.signature.parameters:
+            raise TypeError(f"the called function has no parameter {self.name!r} ({self.signature})")
+        bound = self.signature.bind(*arguments[0], **arguments[1])
+        bound.arguments[self.name] = value
+        return bound.args, bound.kwargs
 
 
 class Unavailable(RuntimeError):
@@ -73,9 +128,9 @@ class EProperty(eproperty):
         unavailable: A reason, or a function of the envoy returning a reason or
             ``None``. A value with a reason raises :class:`Unavailable` on
             access.
-        select: One element of the served value: an argument's position or
-            keyword name on an ``inputs`` path, a tuple index on ``output``; or a
-            function of the envoy returning one. Without it an ``output`` path
+        select: One element of the served value: an argument's position,
+            keyword name or :class:`ArgumentSelection` on an ``inputs`` path, a
+            tuple index on ``output``; or a function of the envoy returning one. Without it an ``output`` path
             serves the first element of a tuple and ``input`` the first argument.
 
     Decorate a function to define the value: it receives the served element and
@@ -104,6 +159,7 @@ class EProperty(eproperty):
         self.unavailable = unavailable
         self.select = select
         self._define: Callable | None = None
+        self._layout: Any = None
 
     def __call__(self, define: Callable) -> "EProperty":
         super().__call__(define)
@@ -151,8 +207,8 @@ class EProperty(eproperty):
         names the axes.
         """
         define = self._define
-        if define is None:
-            return None
+        if self._layout is not None or define is None:
+            return self._layout
         try:
             return typing.get_type_hints(define).get("return")
         except Exception:
@@ -169,9 +225,19 @@ class EProperty(eproperty):
         dims = self.dims
         if dims is None:
             return super().__str__()
-        spelled = getattr(self._define, "__annotations__", {}).get("return")
+        if self._layout is not None:
+            spelled = next((name for name, layout in vars(layouts).items() if layout is self._layout), None)
+        else:
+            spelled = getattr(self._define, "__annotations__", {}).get("return")
         name = spelled if isinstance(spelled, str) else getattr(spelled, "__name__", "Tensor")
         return f"({self.name}) -> {name} [{', '.join(dims)}]: {self.description}"
+
+    def laid_out(self, layout: Any) -> "EProperty":
+        """This value with another layout, for a subclass whose tensors are shaped its own way."""
+        # a property underneath: copy.copy cannot reduce it
+        relaid = type(self).__new__(type(self))
+        relaid.__dict__.update(self.__dict__, _layout=layout)
+        return relaid
 
     # -- reading and writing -----------------------------------------------
 
@@ -314,7 +380,7 @@ class EProperty(eproperty):
     def _attribute(self, obj: Envoy) -> str:
         return self.key_for(obj).rsplit(".", 1)[-1]
 
-    def _element(self, obj: Envoy) -> int | str | None:
+    def _element(self, obj: Envoy) -> int | str | ArgumentSelection | None:
         return self.select(obj) if callable(self.select) else self.select
 
     def _in_container(self, obj: Envoy) -> bool:
@@ -357,9 +423,11 @@ class DerivedEProperty(EProperty):
         return True
 
 
-def pick(attribute: str, element: int | str | None, raw: Any) -> Any:
+def pick(attribute: str, element: int | str | ArgumentSelection | None, raw: Any) -> Any:
     """The element of a served container a value is: one argument of ``(args, kwargs)``, one item of a tuple output."""
     if attribute in ARGUMENT_ATTRIBUTES:
+        if isinstance(element, ArgumentSelection):
+            return element.pick(raw)
         if element is None:
             return first_input(*raw) if attribute == "input" else raw
         args, kwargs = raw
@@ -373,8 +441,10 @@ def pick(attribute: str, element: int | str | None, raw: Any) -> Any:
     return raw
 
 
-def place(attribute: str, element: int | str | None, raw: Any, value: Any) -> Any:
+def place(attribute: str, element: int | str | ArgumentSelection | None, raw: Any, value: Any) -> Any:
     """``raw`` with ``value`` put where :func:`pick` found the element."""
+    if attribute in ARGUMENT_ATTRIBUTES and isinstance(element, ArgumentSelection):
+        return element.place(raw, value)
     if attribute == "input" and element is None:
         return replace_first_input(*raw, value)
     if attribute in ARGUMENT_ATTRIBUTES and element is not None:

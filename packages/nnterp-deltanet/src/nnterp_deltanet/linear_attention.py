@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from nnterp import DerivedEProperty, EProperty
-from nnterp.components.kernels import kernel, needs_kernel_call, needs_torch_kernels
+from nnterp import EProperty
+from nnterp.components.kernels import ENTERING_STATE, KernelCall, argument, kernel, needs_torch_kernels
+from nnterp.components.per_token import TOKEN_LOOP
 from nnterp.components.recurrent import RETURNED_TOGETHER, RecurrentMixer
 from nnterp.components.routing import route_kernels
+from nnterp.descriptor import ArgumentSelection, BoundArgument
 from nnterp.layouts import ChannelGates, Gates, LinearHeadOutputs, LinearQK, LinearV, State, States
 from nnterp.positions import Positions
 
@@ -20,27 +24,44 @@ from .trajectory import delta_rule_states
 DELTA_RULE_MODES = {"recurrent": "torch", "chunked": "default"}
 
 
-def _widened(arguments: tuple[tuple, dict]) -> tuple[tuple, dict]:
-    """The kernel's arguments with queries and keys repeated up to the value heads.
+@dataclass(frozen=True)
+class Widened(ArgumentSelection):
+    """The queries or the keys of a delta-rule call, repeated up to the value heads; placed back with both repeated.
 
     From transformers 5.23 the forward hands the kernel queries and keys with
-    ``num_k_heads`` heads and the kernel repeats them; before, the forward
-    repeats them itself. Handing the kernel repeated ones makes it skip its
-    own repeat and compute the same thing, so an edit of the repeated
-    queries or keys is what the kernel reads on every version.
+    ``num_k_heads`` heads and the kernel repeats both when the keys have fewer
+    heads than the values; before, the forward repeats them itself. Handing
+    the kernel both repeated makes it skip its own repeat and compute the same
+    thing, so an edit of the repeated queries or keys is what the kernel reads
+    on every version.
     """
-    args, kwargs = arguments
-    query, key, value = args[:3]
-    groups = value.shape[2] // query.shape[2]
-    if groups == 1:
+
+    argument: BoundArgument
+    other: BoundArgument
+    heads: int  #: the value heads
+
+    def widen(self, arguments: tuple[tuple, dict]) -> tuple[tuple, dict]:
+        groups = self.heads // self.argument.pick(arguments).shape[2]
+        for parameter in (self.argument, self.other) if groups > 1 else ():
+            arguments = parameter.place(arguments, parameter.pick(arguments).repeat_interleave(groups, dim=2))
         return arguments
-    repeated = (query.repeat_interleave(groups, dim=2), key.repeat_interleave(groups, dim=2))
-    return (*repeated, *args[2:]), kwargs
+
+    def pick(self, arguments: tuple[tuple, dict]) -> torch.Tensor:
+        return self.argument.pick(self.widen(arguments))
+
+    def place(self, arguments: tuple[tuple, dict], value: Any) -> tuple[tuple, dict]:
+        return self.argument.place(self.widen(arguments), value)
 
 
-def _with_argument(arguments: tuple[tuple, dict], position: int, tensor: torch.Tensor) -> tuple[tuple, dict]:
-    args, kwargs = _widened(arguments)
-    return (*args[:position], tensor, *args[position + 1 :]), kwargs
+def widened(name: str) -> Callable[["LinearAttention"], Widened]:
+    """The ``select`` of the queries (``"query"``) or keys (``"key"``), repeated up to the value heads."""
+    other = {"query": "key", "key": "query"}[name]
+
+    def select(envoy: "LinearAttention") -> Widened:
+        call = envoy.kernel_call()
+        return Widened(call.argument(envoy, name), call.argument(envoy, other), envoy.mixer_heads)
+
+    return select
 
 
 class LinearAttention(RecurrentMixer):
@@ -64,10 +85,10 @@ class LinearAttention(RecurrentMixer):
     ``route_delta_rule(model.family, "recurrent")``) before the first trace.
     """
 
-    CHUNK_KERNEL = "torch_chunk_gated_delta_rule_0"
-    RECURRENT_KERNEL = "torch_recurrent_gated_delta_rule_0"
-    STATE_OP = "last_recurrent_state_3"
-    STARTING_STATE = ("initial_state", "initial_state")
+    # routed, a prompt runs the decode step's token loop, whose body binds the state after each token
+    PROMPT = KernelCall("torch_chunk_gated_delta_rule_0", "initial_state", "last_recurrent_state_3")
+    DECODE = KernelCall("torch_recurrent_gated_delta_rule_0", "initial_state", "last_recurrent_state_3")
+    PER_TOKEN = TOKEN_LOOP
     # both kernels return (head outputs, final state)
     ORDER = RETURNED_TOGETHER
     KIND = "gated DeltaNet"
@@ -91,49 +112,38 @@ class LinearAttention(RecurrentMixer):
 
     # -- values at the kernel call ----------------------------------------------
 
-    def _assign_argument(self, position: int, tensor: torch.Tensor) -> tuple[tuple, dict]:
-        return _with_argument(getattr(self.source, type(self).KERNEL(self)).inputs, position, tensor)
-
-    @EProperty(kernel("inputs"), unavailable=needs_torch_kernels)
-    def attention_queries(self, arguments: Any) -> LinearQK:
+    @EProperty(kernel("inputs"), select=widened("query"), unavailable=needs_torch_kernels)
+    def attention_queries(self, value: Any) -> LinearQK:
         """The queries the delta rule receives, [batch, seq, heads, key_dim].
 
         After the convolution and activation, repeated to the value heads, and
         before the kernel's l2-norm and 1/sqrt(key_dim) scale. Assign, or edit
         in place.
         """
-        return _widened(arguments)[0][0]
-
-    @attention_queries.postprocess
-    def attention_queries(self, tensor: torch.Tensor) -> tuple[tuple, dict]:
-        return self._assign_argument(0, tensor)
+        return value
 
     @attention_queries.transform
-    def attention_queries(self, view: torch.Tensor, arguments: Any) -> tuple[tuple, dict]:
-        return _with_argument(arguments, 0, view)
+    def attention_queries(self, view: torch.Tensor, element: Any) -> torch.Tensor:
+        return view
 
-    @EProperty(kernel("inputs"), unavailable=needs_torch_kernels)
-    def attention_keys(self, arguments: Any) -> LinearQK:
+    @EProperty(kernel("inputs"), select=widened("key"), unavailable=needs_torch_kernels)
+    def attention_keys(self, value: Any) -> LinearQK:
         """The keys the delta rule receives, [batch, seq, heads, key_dim], repeated to the value heads.
 
         Before the kernel's l2-norm. Assign, or edit in place.
         """
-        return _widened(arguments)[0][1]
-
-    @attention_keys.postprocess
-    def attention_keys(self, tensor: torch.Tensor) -> tuple[tuple, dict]:
-        return self._assign_argument(1, tensor)
+        return value
 
     @attention_keys.transform
-    def attention_keys(self, view: torch.Tensor, arguments: Any) -> tuple[tuple, dict]:
-        return _with_argument(arguments, 1, view)
+    def attention_keys(self, view: torch.Tensor, element: Any) -> torch.Tensor:
+        return view
 
-    @EProperty(kernel("inputs"), select=2, unavailable=needs_torch_kernels)
+    @EProperty(kernel("inputs"), select=argument("value"), unavailable=needs_torch_kernels)
     def attention_values(self, value: Any) -> LinearV:
         """The values the delta rule receives, [batch, seq, heads, value_dim]. Assign, or edit in place."""
         return value
 
-    @EProperty(kernel("inputs"), select="g", unavailable=needs_torch_kernels)
+    @EProperty(kernel("inputs"), select=argument("g"), unavailable=needs_torch_kernels)
     def decays(self, value: Any) -> Gates:
         """The gate: the log of how much of the state each token keeps, [batch, seq, heads], float32, non-positive.
 
@@ -141,7 +151,7 @@ class LinearAttention(RecurrentMixer):
         """
         return value
 
-    @EProperty(kernel("inputs"), select="beta", unavailable=needs_torch_kernels)
+    @EProperty(kernel("inputs"), select=argument("beta"), unavailable=needs_torch_kernels)
     def betas(self, value: Any) -> Gates:
         """How strongly each token's key/value pair is written into the state, [batch, seq, heads].
 
@@ -150,7 +160,7 @@ class LinearAttention(RecurrentMixer):
         """
         return value
 
-    @EProperty(kernel("inputs"), select="initial_state", unavailable=needs_torch_kernels)
+    @EProperty(kernel("inputs"), select=argument(ENTERING_STATE), unavailable=needs_torch_kernels)
     def state_input(self, value: Any) -> State | None:
         """The state this call starts from, [batch, heads, key_dim, value_dim]: ``None`` on a fresh prompt.
 
@@ -179,47 +189,20 @@ class LinearAttention(RecurrentMixer):
 
     # -- the state after every token, from the call's arguments ------------------------
 
-    def trajectory(self, positions: Positions = None, dtype: torch.dtype | None = None) -> States:
-        """The state after chosen tokens of this call, [batch, positions, heads, key_dim, value_dim], computed from its arguments.
-
-        ``state_trajectory`` with a selection: ``positions`` indexes the
-        call's tokens as ``states[:, positions]`` would (an int, a slice, a
-        list; an int drops the axis) and only those states are computed. The
-        call's queries, keys, values, gates, betas and starting state are read
-        at the kernel call and the states computed beside it in pure torch
-        (``delta_rule_states``), so it needs no routing and works with an
-        optimized kernel installed. The dtype is the kernel's (its queries')
-        unless ``dtype`` says otherwise.
-
-        It reads only the call's arguments, as assigned (an assigned
-        ``attention_keys`` or ``state_input`` is in it), so it can be read
-        before or after the call's other values; a call over a cached state
-        starts from a copy of it taken before the cache overwrites it. No
-        gradient flows through it: the computation writes into its result in
-        place, which autograd refuses.
-        """
-        args, kwargs = self.call_arguments()
-        # the forwards pass query, key and value by position and the rest by keyword
-        named = dict(zip(("query", "key", "value", "g", "beta"), args, strict=False))
-        named.update(kwargs)
-        with torch.no_grad():
-            return delta_rule_states(
-                named["query"],
-                named["key"],
-                named["value"],
-                named["g"],
-                named["beta"],
-                self.entering_state(),
-                positions=positions,
-                use_qk_l2norm=named.get("use_qk_l2norm_in_kernel", False),
-                dtype=dtype,
-            )
-
-    def _state_trajectory(self) -> States:
-        """The state after every token of this call, [batch, seq, heads, key_dim, value_dim], from the kernel call's arguments; no routing needed."""
-        return self.trajectory()
-
-    state_trajectory = DerivedEProperty(_state_trajectory, unavailable=needs_kernel_call)
+    def states_from_arguments(self, positions: Positions, dtype: torch.dtype | None) -> States:
+        """The delta rule's states after ``positions`` of this call (``delta_rule_states``); dtype the queries'."""
+        query, key, value, g, beta = (self.argument(name) for name in ("query", "key", "value", "g", "beta"))
+        return delta_rule_states(
+            query,
+            key,
+            value,
+            g,
+            beta,
+            self.entering_state(),
+            positions=positions,
+            use_qk_l2norm=bool(self.argument("use_qk_l2norm_in_kernel")),
+            dtype=dtype,
+        )
 
 
 class KimiDeltaAttention(LinearAttention):
@@ -231,9 +214,8 @@ class KimiDeltaAttention(LinearAttention):
     ``linear_attn``.
     """
 
-    CHUNK_KERNEL = "chunk_kimi_delta_attention_0"
-    RECURRENT_KERNEL = "recurrent_kimi_delta_attention_0"
-    STATE_OP = "last_recurrent_state_2"
+    PROMPT = KernelCall("chunk_kimi_delta_attention_0", "initial_state", "last_recurrent_state_2")
+    DECODE = KernelCall("recurrent_kimi_delta_attention_0", "initial_state", "last_recurrent_state_2")
 
     @property
     def mixer_heads(self) -> int:
@@ -250,7 +232,7 @@ class KimiDeltaAttention(LinearAttention):
         """Width of one head's values and outputs: the state's columns."""
         return self._module.head_dim
 
-    @EProperty(kernel("inputs"), select="g", unavailable=needs_torch_kernels)
+    @EProperty(kernel("inputs"), select=argument("g"), unavailable=needs_torch_kernels)
     def decays(self, value: Any) -> ChannelGates:
         """The gate, one per key channel: the log of how much of each state row a token keeps, [batch, seq, heads, key_dim].
 

@@ -21,7 +21,8 @@ from contextlib import contextmanager
 import torch
 
 from nnterp import RecurrentMixer, StandardizedTransformer, Unavailable, route_kernels
-from nnterp.components.kernels import ROUTE_HINT, TRACED_BEFORE_ROUTING, dispatch, function_name, modeling_module
+from nnterp.components.kernels import dispatch, modeling_module
+from nnterp.components.per_token import TOKEN_LOOP, TRACED_BEFORE_ROUTING
 from nnterp.components.routing import STASH
 from nnterp.registry import REGISTRY
 from nnterp.testing import PROMPT, RecurrentMixerSuite, blocks_with, close
@@ -86,7 +87,6 @@ class DeltaNetSuite(RecurrentMixerSuite):
     """A gated DeltaNet's values: the delta rule they describe, the state after every token, and its writes."""
 
     ASSIGNABLE = ("attention_keys", "attention_values", "decays", "betas")
-    ROUTED = True
 
     @classmethod
     def build_model(cls) -> StandardizedTransformer:
@@ -298,11 +298,11 @@ class DeltaNetSuite(RecurrentMixerSuite):
             layer = self.recurrent_layers()[0]
             mixer = chunked.layers[layer].linear_attn
             reason = chunked.support(layer=layer)["linear_attn.states"]
-            assert reason == ROUTE_HINT, f"unrouted states: support says {reason!r}"
+            assert reason == TOKEN_LOOP.hint, f"unrouted states: support says {reason!r}"
             saved: list = []
             with chunked.trace(PROMPT):
                 saved.extend((mixer.attention_head_outputs.save(), mixer.state_output.save()))
-            with raises_unavailable(ROUTE_HINT):
+            with raises_unavailable(TOKEN_LOOP.hint):
                 with chunked.trace(PROMPT):
                     mixer.states.save()
         routed_heads, routed_state = self.read_mixer(layer, "attention_head_outputs", "state_output")
@@ -364,7 +364,7 @@ class DeltaNetSuite(RecurrentMixerSuite):
         mixer_class = type(self.model.layers[self.recurrent_layers()[0]].linear_attn)
         module_class = next(key for key, value in family.ENVOYS.items() if value is mixer_class)
         modeling = modeling_module(module_class)
-        names = [function_name(label) for label in (mixer_class.CHUNK_KERNEL, mixer_class.RECURRENT_KERNEL)]
+        names = [call.function for call in mixer_class.calls()]
 
         def bindings() -> dict[str, object]:
             return {name: getattr(modeling, name) for name in names}

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels, per_call
-from nnterp.components.kernels import argument_at, kernel, needs_kernel_call, needs_recurrent_routing
+from nnterp.components.kernels import ENTERING_STATE, KernelCall, argument, kernel
+from nnterp.components.per_token import ScanLoop
 from nnterp.components.recurrent import RETURNED_TOGETHER
 from nnterp.layouts import ScanDecays, ScanQK, ScanState, ScanStates, ScanSteps, ScanValues
 from nnterp.order import standard_path
@@ -17,11 +18,6 @@ from nnterp.positions import Positions
 
 from .trajectory import selective_scan_states
 
-UNROUTED = (
-    "the scan's token loop binds the state after every token, but it sits behind transformers' hub dispatcher "
-    "until the kernel names are routed; call nnterp.route_kernels(model.family, 'torch') before the first trace "
-    "that touches this mixer"
-)
 NO_FINAL_STATE = (
     "this prompt ran without a cache (use_cache=False), so the scan returns no final state; trace with "
     "use_cache=True, or read states[:, -1] after nnterp.route_kernels(model.family, 'torch')"
@@ -32,37 +28,38 @@ NOT_ON_A_PROMPT = (
 )
 
 
-def needs_token_loop(envoy: "SelectiveScan") -> str | None:
-    """Why the state after each token is unavailable on a Mamba-1 mixer, or ``None``.
+class SelectiveScanLoop(ScanLoop):
+    """The scan's own token loop, unless mambapy runs in its place.
 
-    The routing's reasons first (``needs_recurrent_routing``); then mambapy:
-    with ``use_mambapy`` set on the mixer and mambapy installed, the pure-torch
-    scan runs mambapy's parallel scan, which computes every state at once and
-    never binds the state after a token.
+    With ``use_mambapy`` set on the mixer and mambapy installed, the
+    pure-torch scan runs mambapy's parallel scan, which computes every state
+    at once and never binds the state after a token.
     """
-    reason = needs_recurrent_routing(envoy)
-    if reason is not None:
-        return reason
-    module = envoy._module
-    # The scan asks its own modeling module; one that never imported the check never takes mambapy's path.
-    mambapy_installed = getattr(sys.modules[type(module).__module__], "is_mambapy_available", lambda: False)()
-    if getattr(module, "use_mambapy", False) and mambapy_installed:
-        return (
-            "this mixer runs mambapy's parallel scan (use_mambapy=True and mambapy is installed), which computes "
-            "every state at once and binds none per token; load the model with use_mambapy=False (or set "
-            "use_mambapy = False on each mixer module) to run the token loop"
-        )
-    return None
+
+    def reason(self, envoy: "RecurrentMixer") -> str | None:
+        reason = super().reason(envoy)
+        if reason is not None:
+            return reason
+        module = envoy._module
+        # The scan asks its own modeling module; one that never imported the check never takes mambapy's path.
+        mambapy_installed = getattr(sys.modules[type(module).__module__], "is_mambapy_available", lambda: False)()
+        if getattr(module, "use_mambapy", False) and mambapy_installed:
+            return (
+                "this mixer runs mambapy's parallel scan (use_mambapy=True and mambapy is installed), which computes "
+                "every state at once and binds none per token; load the model with use_mambapy=False (or set "
+                "use_mambapy = False on each mixer module) to run the token loop"
+            )
+        return None
+
+
+def needs_token_loop(envoy: "SelectiveScan") -> str | None:
+    """Why the state after each token is unavailable on a Mamba-1 mixer, or ``None`` (``SelectiveScanLoop``)."""
+    return type(envoy).PER_TOKEN.reason(envoy)
 
 
 def _same(state: torch.Tensor) -> torch.Tensor:
     """A Mamba-1 state's standard layout is the kernel's."""
     return state
-
-
-def argument(name: str):
-    """The ``select`` of a kernel argument: its place in the scan's call, or in the decode update's."""
-    return lambda envoy: envoy.ARGUMENTS[name][envoy.decoding()]
 
 
 def _tokens_first(value: torch.Tensor, decoding: bool) -> torch.Tensor:
@@ -98,8 +95,8 @@ class SelectiveScan(RecurrentMixer):
     The values are read at the kernel call the forward makes: transformers'
     ``mamba_selective_scan(x, dt, A, B, C, D=, z=, delta_bias=)`` on a prompt,
     ``mamba_selective_state_update(state, x, dt, A, B, C, D, z=, dt_bias=)``
-    on a decode step. The two take their arguments at different places
-    (``ARGUMENTS``), and their tensors are channel-first (``x`` [batch,
+    on a decode step. Their arguments are found by each kernel's own
+    signature; their tensors are channel-first (``x`` [batch,
     channels, seq], ``B`` [batch, state_dim, seq]; the update drops the
     sequence axis). Each value is a tokens-first view of its argument, so an
     in-place edit lands in the kernel's tensor, and an assignment is laid back
@@ -107,32 +104,20 @@ class SelectiveScan(RecurrentMixer):
     ``dt_bias`` and ``A`` the way the kernel derives them, and read-only.
 
     The pure-torch scan is itself the token loop, binding the state after each
-    token (``STATE_OP``); the decode update binds the new state once
-    (``STEP_STATE_OP``). So after ``nnterp.route_kernels(model.family,
+    token (``SCAN_LOOP``); the decode update binds the new state once. So
+    after ``nnterp.route_kernels(model.family,
     "torch")``, ``state``, ``states``, ``state_after`` and
     ``set_state_after`` reach every position of a prompt.
     """
 
-    CHUNK_KERNEL = "mamba_selective_scan_0"
-    RECURRENT_KERNEL = "mamba_selective_state_update_0"
-    STATE_OP = "ssm_state_3"
-    STEP_STATE_OP = "ssm_state_0"
-    #: Each argument's place (position or keyword) in the scan's call and in the update's.
-    ARGUMENTS = {
-        "state": (None, 0),
-        "x": (0, 1),
-        "dt": (1, 2),
-        "A": (2, 3),
-        "B": (3, 4),
-        "C": (4, 5),
-        "dt_bias": ("delta_bias", "dt_bias"),
-        "softplus": ("delta_softplus", "dt_softplus"),
-    }
-    # a prompt's scan starts from zeros
-    STARTING_STATE = ARGUMENTS["state"]
+    # a prompt's scan starts from zeros; the update's parameters are the mixer's names
+    PROMPT = KernelCall(
+        "mamba_selective_scan_0", None, "ssm_state_3", {"dt_bias": "delta_bias", "dt_softplus": "delta_softplus"}
+    )
+    DECODE = KernelCall("mamba_selective_state_update_0", "state", "ssm_state_0")
+    PER_TOKEN = SelectiveScanLoop()
     #: Inside each kernel (scan, update): the binding of y = C . h + D * x, before the silu(z) gate.
     HEAD_OUTPUTS = ("scan_output_5", "out_1")
-    ROUTE_HINT = UNROUTED
     #: Inside the update: the new state as the cache's ``state.copy_`` receives it.
     UPDATED_STATE = "ssm_state_to_0"
     KIND = "Mamba-1 selective scan"
@@ -160,10 +145,7 @@ class SelectiveScan(RecurrentMixer):
 
     def _seq(self, args: tuple, kwargs: dict) -> int:
         """The call's length: the scan's x is [batch, channels, seq]; the update takes one token."""
-        return 1 if self.decoding() else args[0].shape[2]
-
-    def _argument(self, name: str) -> Any:
-        return argument_at(self.call_arguments(), self.ARGUMENTS[name][self.decoding()])
+        return 1 if self.decoding() else self.argument("hidden_states", (args, kwargs)).shape[2]
 
     def _inside(self, operation: str) -> str:
         """The key of ``operation``, a binding inside the kernel that fires on this call."""
@@ -199,7 +181,7 @@ class SelectiveScan(RecurrentMixer):
     def attention_keys(self, value: torch.Tensor) -> torch.Tensor:
         return _channel_first(value[:, :, 0], self.decoding())
 
-    @EProperty(kernel("inputs"), unavailable=needs_torch_kernels, select=argument("x"))
+    @EProperty(kernel("inputs"), unavailable=needs_torch_kernels, select=argument("hidden_states"))
     def attention_values(self, value: Any) -> ScanValues:
         """x, what each channel writes, [batch, seq, channels]: after the convolution and the activation.
 
@@ -213,7 +195,7 @@ class SelectiveScan(RecurrentMixer):
 
     def _betas(self) -> ScanSteps:
         """The step size softplus(dt + dt_bias), [batch, seq, channels]; derived, read-only."""
-        dt, bias = self._argument("dt"), self._argument("dt_bias")
+        dt, bias = self.argument("dt"), self.argument("dt_bias")
         decoding = self.decoding()
         if bias is not None:
             dt = dt + (bias.to(dt.dtype) if decoding else bias.to(dt.dtype)[..., None])
@@ -223,11 +205,11 @@ class SelectiveScan(RecurrentMixer):
 
     def _decays(self) -> ScanDecays:
         """The log decay dt * A of every state entry, [batch, seq, channels, state_dim]; derived, read-only."""
-        return self._betas()[..., None] * self._argument("A")
+        return self._betas()[..., None] * self.argument("A")
 
     decays = DerivedEProperty(_decays, unavailable=needs_torch_kernels)
 
-    @EProperty(kernel("inputs"), unavailable=needs_torch_kernels, select=argument("state"))
+    @EProperty(kernel("inputs"), unavailable=needs_torch_kernels, select=argument(ENTERING_STATE))
     def state_input(self, value: Any) -> ScanState:
         """The state a decode step starts from, [batch, channels, state_dim]: a copy of the cache's; ``None`` on a prompt.
 
@@ -242,7 +224,7 @@ class SelectiveScan(RecurrentMixer):
     def state_input(self, value: torch.Tensor) -> torch.Tensor:
         if not self.decoding():
             raise ValueError(NOT_ON_A_PROMPT.format(path=self.path))
-        cached = self._argument("state")
+        cached = self.argument(ENTERING_STATE)
         with torch.no_grad():
             cached.copy_(value)
         return cached
@@ -266,7 +248,7 @@ class SelectiveScan(RecurrentMixer):
     def _state_output_key(self) -> str:
         if self.decoding():
             return kernel("output")(self) if self.reads_state_after_the_update() else self._inside(self.UPDATED_STATE)
-        if not self.call_arguments()[1].get("return_last_state", False):
+        if not self.argument("return_last_state"):
             raise Unavailable(f"state_output on {standard_path(self)}: {NO_FINAL_STATE}")
         return kernel("output")(self)
 
@@ -293,62 +275,26 @@ class SelectiveScan(RecurrentMixer):
 
     # -- the state after every token ---------------------------------------------------------
 
-    @EProperty(RecurrentMixer._token_state_op, unavailable=needs_token_loop)
-    def state(self, value: Any) -> ScanState:
-        """The state after a token, [batch, channels, state_dim], one occurrence per token; needs route_kernels(family, 'torch').
+    state = RecurrentMixer.state.laid_out(ScanState)
+    states = RecurrentMixer.states.laid_out(ScanStates)
+    state_trajectory = RecurrentMixer.state_trajectory.laid_out(ScanStates)
 
-        ``for t in tracer.iter[:n]: mix.state`` walks the state after every
-        token of a prompt; an assignment at ``tracer.iter[t]`` is the state the
-        tokens after t continue from (token t's own output reads it too).
+    def states_from_arguments(self, positions: Positions, dtype: torch.dtype | None) -> ScanStates:
+        """The scan's states after ``positions`` of this call (``selective_scan_states``); dtype x's.
+
+        The update's tensors have no sequence axis: a decode step's are one token.
         """
-        return value
-
-    def _scan_states(self) -> ScanStates:
-        """The state after every token of this call, [batch, seq, channels, state_dim]; needs route_kernels(family, 'torch')."""
-        return self._states()
-
-    states = DerivedEProperty(_scan_states, unavailable=needs_token_loop)
-
-    def trajectory(self, positions: Positions = None, dtype: torch.dtype | None = None) -> ScanStates:
-        """The state after chosen tokens of this call, [batch, positions, channels, state_dim], computed from its arguments.
-
-        ``state_trajectory`` with a selection: ``positions`` indexes the
-        call's tokens as ``states[:, positions]`` would (an int, a slice, a
-        list; an int drops the axis) and only those states are computed. x,
-        dt, A, B and the state the call starts from are read at the kernel
-        call and the states computed beside it in pure torch
-        (``selective_scan_states``), so it needs no routing and works with an
-        optimized kernel installed. The dtype is the kernel's (its x's) unless
-        ``dtype`` says otherwise. No gradient flows through it.
-
-        A prompt's scan starts from zeros; a decode step's update from the
-        cached state, which it then overwrites in place: the trajectory reads
-        a copy taken before the update (``entering_state``), so it can be read
-        before or after the call's other values.
-
-        It computes from the call's arguments as assigned: a ``state_input``
-        or x, B assigned before the read is in it.
-        """
-        decoding = self.decoding()
-        x, dt, B = (self._argument(name) for name in ("x", "dt", "B"))
-        if decoding:
-            # the update's tensors have no sequence axis: one token, [batch, n] -> [batch, n, 1]
+        x, dt, B = (self.argument(name) for name in ("hidden_states", "dt", "B"))
+        if self.decoding():
             x, dt, B = (tensor.unsqueeze(-1) for tensor in (x, dt, B))
-        with torch.no_grad():
-            return selective_scan_states(
-                x,
-                dt,
-                self._argument("A"),
-                B,
-                self.entering_state(),
-                positions=positions,
-                dt_bias=self._argument("dt_bias"),
-                softplus=bool(self._argument("softplus")),
-                dtype=dtype,
-            )
-
-    def _state_trajectory(self) -> ScanStates:
-        """The state after every token of this call, [batch, seq, channels, state_dim], from the kernel call's arguments; no routing needed."""
-        return self.trajectory()
-
-    state_trajectory = DerivedEProperty(_state_trajectory, unavailable=needs_kernel_call)
+        return selective_scan_states(
+            x,
+            dt,
+            self.argument("A"),
+            B,
+            self.entering_state(),
+            positions=positions,
+            dt_bias=self.argument("dt_bias"),
+            softplus=bool(self.argument("dt_softplus")),
+            dtype=dtype,
+        )

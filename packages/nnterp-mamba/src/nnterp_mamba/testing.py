@@ -57,7 +57,6 @@ class SelectiveScanSuite(RecurrentMixerSuite):
 
     # a prompt's scan starts from zeros: a starting state is only a decode step's
     PROMPT_STATE_INPUT = False
-    ROUTED = True
     prompt_values: ClassVar[dict[int, dict[str, torch.Tensor]]]
 
     @classmethod

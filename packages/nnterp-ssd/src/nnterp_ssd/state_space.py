@@ -8,8 +8,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from nnterp import DerivedEProperty, EProperty, Unavailable, unavailable
-from nnterp.components.kernels import argument_at, kernel, needs_kernel_call, needs_torch_kernels
+from nnterp import EProperty, Unavailable, unavailable
+from nnterp.components.kernels import ENTERING_STATE, KernelCall, argument, kernel, needs_torch_kernels
+from nnterp.components.per_token import ChunkBoundaries
 from nnterp.components.recurrent import RETURNED_TOGETHER, RecurrentMixer
 from nnterp.descriptor import resolve
 from nnterp.layouts import Gates, SSDHeadOutputs, SSDKeys, SSDQueries, SSDState, SSDStates, SSDValues
@@ -34,32 +35,12 @@ NO_LIMIT = (0.0, float("inf"))
 
 
 def needs_per_token_chunks(envoy: "StateSpace") -> str | None:
-    """Why ``StateSpace.states`` is unavailable, or ``None``.
+    """Why ``StateSpace.states`` is unavailable, or ``None``: no Python source, or chunks longer than a token.
 
-    The kernels have no Python source to read inside (``needs_torch_kernels``),
-    or the chunk scan's chunks are longer than a token, so it materializes the
-    state only every ``chunk_size`` tokens.
+    The chunk scan materializes the state only every ``chunk_size`` tokens
+    (``ChunkBoundaries``).
     """
-    reason = needs_torch_kernels(envoy)
-    if reason is not None:
-        return reason
-    chunk = envoy._module.chunk_size
-    if chunk != 1:
-        return (
-            f"the chunk scan materializes the state only at chunk boundaries, every {chunk} tokens "
-            f"(chunk_size={chunk}); call nnterp.chunk_per_token(model) to set every Mamba-2 mixer's chunk_size "
-            f"to 1, so every token is a boundary (slower on long prompts)"
-        )
-    return None
-
-
-def argument(name: str) -> Callable[["StateSpace"], int | str]:
-    """A select function: where the kernel call that fires takes ``name`` (the two kernels' call sites differ)."""
-
-    def select(envoy: "StateSpace") -> int | str:
-        return envoy._argument_table()[name]
-
-    return select
+    return type(envoy).PER_TOKEN.reason(envoy)
 
 
 def _inverse_softplus(value: torch.Tensor) -> torch.Tensor:
@@ -113,16 +94,15 @@ class StateSpace(RecurrentMixer):
 
     Everything but ``attention_output`` is read at the scan call: transformers'
     ``mamba2_chunk_scan`` on a prompt, its ``mamba2_selective_state_update``
-    on a decode step (``RecurrentMixer.KERNEL``). The two take their
-    arguments in different places (``CHUNK_ARGUMENTS``,
-    ``RECURRENT_ARGUMENTS``), and the update has no sequence axis: a decode
+    on a decode step (``RecurrentMixer.KERNEL``), each call's arguments found
+    by its kernel's own signature. The update has no sequence axis: a decode
     step's values are served with a sequence axis of 1, removed again on
     assignment. The update writes the new state into the cache's buffer and
     returns only ``y`` (gated by ``z`` on Falcon-H1), so a decode step's
     ``state_output`` and ``attention_head_outputs`` are read inside it.
 
     The chunk scan materializes the state at every chunk boundary in one
-    tensor (``CHUNK_STATES``). With a chunk size of 1
+    tensor (``ChunkBoundaries``). With a chunk size of 1
     (:func:`chunk_per_token`) every token is a boundary, and ``states`` /
     ``state_after(t)`` are the state after every token of the call. There is
     no per-token occurrence to walk with ``tracer.iter`` (``state`` is
@@ -137,43 +117,18 @@ class StateSpace(RecurrentMixer):
     state before ``y``).
     """
 
-    CHUNK_KERNEL = "mamba2_chunk_scan_0"
-    RECURRENT_KERNEL = "mamba2_selective_state_update_0"
-    #: Inside the chunk scan: the state at every chunk boundary, [batch, chunks + 1, heads, head_dim, state_dim].
-    CHUNK_STATES = "new_states_0"
+    # inside the chunk scan, the state at every chunk boundary [batch, chunks + 1, heads, head_dim, state_dim];
+    # inside the update, the new state as the cache's buffer receives it
+    PROMPT = KernelCall("mamba2_chunk_scan_0", "initial_states", "new_states_0")
+    DECODE = KernelCall("mamba2_selective_state_update_0", "state", "ssm_states_to_0")
+    PER_TOKEN = ChunkBoundaries()
     #: Inside the chunk scan: its last boundary state, what it returns as the final state.
     FINAL_STATE = "final_state_0"
-    #: Inside the single-step update: the new state as the cache's buffer receives it (a decode step's ``states``).
-    UPDATED_STATE = "ssm_states_to_0"
     #: Inside the single-step update: y with the D skip, before the optional z gate.
     STEP_OUTPUT = "out_2"
-    #: Where each kernel takes its arguments: a position, or a keyword.
-    CHUNK_ARGUMENTS = {
-        "hidden_states": 0,
-        "dt": 1,
-        "A": 2,
-        "B": 3,
-        "C": 4,
-        "dt_bias": "dt_bias",
-        "state": "initial_states",
-        "softplus": "dt_softplus",
-    }
-    RECURRENT_ARGUMENTS = {
-        "state": 0,
-        "hidden_states": 1,
-        "dt": 2,
-        "A": 3,
-        "B": 4,
-        "C": 5,
-        "dt_bias": "dt_bias",
-        "softplus": "dt_softplus",
-    }
-    STARTING_STATE = (CHUNK_ARGUMENTS["state"], RECURRENT_ARGUMENTS["state"])
     # the scan returns (y, final state); a decode step's state is read on either side of y
     ORDER = RETURNED_TOGETHER
     KIND = "Mamba-2 (SSD)"
-    #: The config attribute the mixer's chunk size is built from (chunk_per_token(enabled=False) restores it).
-    CHUNK_SIZE_CONFIG = "chunk_size"
 
     # -- sizes ---------------------------------------------------------------------
 
@@ -199,28 +154,21 @@ class StateSpace(RecurrentMixer):
 
     # -- the call --------------------------------------------------------------------
 
-    def _argument_table(self) -> dict[str, int | str]:
-        return self.RECURRENT_ARGUMENTS if self.decoding() else self.CHUNK_ARGUMENTS
-
-    def _argument(self, name: str) -> Any:
-        """The argument ``name`` of the kernel call that fires on this call (read once per call)."""
-        return argument_at(self.call_arguments(), self._argument_table()[name])
-
     def _kernel_path(self, attribute: str) -> str:
         """Where a value is served on this call: at the prompt's scan call, or inside the decode step's update."""
         cls = type(self)
         if self.decoding():
             if attribute == "state" and self.reads_state_after_the_update():
-                return f"source.{cls.RECURRENT_KERNEL}.output"
-            operation = {"output": cls.STEP_OUTPUT, "state": cls.UPDATED_STATE}[attribute]
-            return f"{self.kernel_body(cls.RECURRENT_KERNEL)}.{operation}.output"
+                return f"source.{cls.DECODE.label}.output"
+            operation = {"output": cls.STEP_OUTPUT, "state": cls.DECODE.token_state}[attribute]
+            return f"{self.kernel_body(cls.DECODE.label)}.{operation}.output"
         if attribute == "state" and not self._returns_state():
-            return f"{self.kernel_body(cls.CHUNK_KERNEL)}.{cls.FINAL_STATE}.output"
-        return f"source.{cls.CHUNK_KERNEL}.output"
+            return f"{self.kernel_body(cls.PROMPT.label)}.{cls.FINAL_STATE}.output"
+        return f"source.{cls.PROMPT.label}.output"
 
     def _returns_state(self) -> bool:
         """Whether the prompt's scan returns its final state (it does when the model runs with a cache)."""
-        return bool(self.call_arguments()[1].get("return_final_states", False))
+        return bool(self.argument("return_final_states"))
 
     def _state_selection(self) -> int | None:
         return 1 if not self.decoding() and self._returns_state() else None
@@ -243,10 +191,10 @@ class StateSpace(RecurrentMixer):
 
     def _gate_inputs(self) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]]:
         """(dt_bias, A, dt_limit) per head as the kernel applies them to dt."""
-        dt_bias, A = self._argument("dt_bias"), self._argument("A")
+        dt_bias, A = self.argument("dt_bias"), self.argument("A")
         if self.decoding():
             return dt_bias[..., 0], A[:, 0, 0], NO_LIMIT
-        return dt_bias, A, self.call_arguments()[1].get("dt_limit", NO_LIMIT)
+        return dt_bias, A, self.argument("dt_limit")
 
     def _betas(self, dt: torch.Tensor) -> torch.Tensor:
         """The step size the kernel computes from its raw dt argument, tokens first."""
@@ -315,7 +263,7 @@ class StateSpace(RecurrentMixer):
 
     @betas.postprocess
     def betas(self, value: torch.Tensor) -> torch.Tensor:
-        return self._dt_for(value, self._argument("dt"))
+        return self._dt_for(value, self.argument("dt"))
 
     @EProperty(kernel("inputs"), select=argument("dt"), unavailable=needs_torch_kernels)
     def decays(self, dt: Any) -> Gates:
@@ -331,9 +279,9 @@ class StateSpace(RecurrentMixer):
     @decays.postprocess
     def decays(self, value: torch.Tensor) -> torch.Tensor:
         _, A, _ = self._gate_inputs()
-        return self._dt_for(value / A.float(), self._argument("dt"))
+        return self._dt_for(value / A.float(), self.argument("dt"))
 
-    @EProperty(kernel("inputs"), select=argument("state"), unavailable=needs_torch_kernels)
+    @EProperty(kernel("inputs"), select=argument(ENTERING_STATE), unavailable=needs_torch_kernels)
     def state_input(self, value: Any) -> SSDState | None:
         """The state this call starts from, [batch, mixer_heads, state_dim, head_dim]: ``None`` on a fresh prompt.
 
@@ -351,7 +299,7 @@ class StateSpace(RecurrentMixer):
             return None if value is None else value.transpose(-1, -2)
         if value is None:
             raise ValueError("a decode step continues the cached state: assign a tensor to state_input, not None")
-        buffer = self._argument("state")
+        buffer = self.argument(ENTERING_STATE)
         buffer.copy_(value.transpose(-1, -2))
         return buffer
 
@@ -395,65 +343,36 @@ class StateSpace(RecurrentMixer):
 
     def per_token_states(self) -> SSDStates:
         """Every token's state as the chunk scan binds it, at chunk boundaries one token apart (``chunk_per_token``)."""
-        cls = type(self)
+        call = self.kernel_call()
+        node, attribute = resolve(self, f"{self.kernel_body(call.label)}.{call.token_state}.output")
         if self.decoding():
-            node, attribute = resolve(self, f"{self.kernel_body(cls.RECURRENT_KERNEL)}.{cls.UPDATED_STATE}.output")
             return _transposed(getattr(node, attribute)).unsqueeze(1)
-        node, attribute = resolve(self, f"{self.kernel_body(cls.CHUNK_KERNEL)}.{cls.CHUNK_STATES}.output")
-        boundaries = getattr(node, attribute)
-        return _transposed(boundaries[:, 1:])
+        return _transposed(getattr(node, attribute)[:, 1:])
 
-    def _ssd_states(self) -> SSDStates:
-        """The state after every token of this call, [batch, seq, mixer_heads, state_dim, head_dim]; needs nnterp.chunk_per_token(model)."""
-        return self._states()
+    states = RecurrentMixer.states.laid_out(SSDStates)
+    state_trajectory = RecurrentMixer.state_trajectory.laid_out(SSDStates)
 
-    states = DerivedEProperty(_ssd_states, unavailable=needs_per_token_chunks)
+    def states_from_arguments(self, positions: Positions, dtype: torch.dtype | None) -> SSDStates:
+        """The scan's states after ``positions`` of this call (``ssd_states``), whatever the mixer's chunk size; dtype x's.
 
-    def trajectory(self, positions: Positions = None, dtype: torch.dtype | None = None) -> SSDStates:
-        """The state after chosen tokens of this call, [batch, positions, mixer_heads, state_dim, head_dim], computed from its arguments.
-
-        ``state_trajectory`` with a selection: ``positions`` indexes the
-        call's tokens as ``states[:, positions]`` would (an int, a slice, a
-        list; an int drops the axis) and only those states are computed. x,
-        dt, A, B, the gate's bias, softplus and limit, and the state the call
-        starts from are read at the kernel call and the states computed beside
-        it in pure torch (``ssd_states``), whatever the mixer's chunk size, so
-        it needs no ``chunk_per_token`` and works with an optimized kernel
-        installed. The dtype is the kernel's (its x's) unless ``dtype`` says
-        otherwise. No gradient flows through it.
-
-        It computes from the call's arguments as assigned: a ``state_input``,
-        ``betas``, ``decays`` or x, B assigned before the read is in it. The
-        cached state a call starts from is overwritten in place (by a decode
-        step's update, or the cache after a prompt): the trajectory starts
-        from a copy taken at the call's start (``entering_state``), so it can
-        be read before or after the call's other values.
+        The update's tensors have no sequence axis, and its dt is repeated over head_dim.
         """
         dt_bias, A, dt_limit = self._gate_inputs()
-        x, dt, B = (self._argument(name) for name in ("hidden_states", "dt", "B"))
+        x, dt, B = (self.argument(name) for name in ("hidden_states", "dt", "B"))
         if self.decoding():
-            # the update's tensors have no sequence axis, and its dt is repeated over head_dim
             x, dt, B = self._tokens(x), self._tokens(dt[..., 0]), self._tokens(B)
-        initial = self.entering_state()
-        with torch.no_grad():
-            return ssd_states(
-                x,
-                dt,
-                A,
-                B,
-                initial,
-                positions=positions,
-                dt_bias=dt_bias,
-                softplus=bool(self._argument("softplus")),
-                dt_limit=dt_limit,
-                dtype=dtype,
-            )
-
-    def _state_trajectory(self) -> SSDStates:
-        """The state after every token of this call, [batch, seq, mixer_heads, state_dim, head_dim], from the kernel call's arguments; no chunk_per_token needed."""
-        return self.trajectory()
-
-    state_trajectory = DerivedEProperty(_state_trajectory, unavailable=needs_kernel_call)
+        return ssd_states(
+            x,
+            dt,
+            A,
+            B,
+            self.entering_state(),
+            positions=positions,
+            dt_bias=dt_bias,
+            softplus=bool(self.argument("dt_softplus")),
+            dt_limit=dt_limit,
+            dtype=dtype,
+        )
 
     def state_after(self, t: int) -> SSDState:
         """The state after token ``t`` of this call, [batch, mixer_heads, state_dim, head_dim]: ``states[:, t]``."""
@@ -500,9 +419,4 @@ def chunk_per_token(model: Any, enabled: bool = True) -> None:
             f"chunk_per_token: {type(model._module).__name__} has no Mamba-2 (StateSpace) mixer; it applies to "
             f"the families of nnterp-ssd (Mamba-2, Nemotron-H, Bamba, Falcon-H1, Zamba2, GraniteMoeHybrid)"
         )
-    if enabled and not getattr(model, "dispatched", True):
-        # the envoys are re-pointed at the loaded modules, which are built with the configured chunk size
-        model.dispatch()
-    config = model._module.config.get_text_config()
-    for mixer in mixers:
-        mixer._module.chunk_size = 1 if enabled else getattr(config, type(mixer).CHUNK_SIZE_CONFIG)
+    type(mixers[0]).PER_TOKEN.enable(model, enabled)

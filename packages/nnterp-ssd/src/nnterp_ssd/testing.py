@@ -14,8 +14,6 @@ a written gate or a written initial state leads to.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -68,15 +66,6 @@ class SSDSuite(RecurrentMixerSuite):
     """A Mamba-2 mixer's values: the reference recurrence, the decode hand-off, and writes that reach the kernel."""
 
     ASSIGNABLE = ("attention_keys", "attention_values", "betas", "decays")
-
-    @contextmanager
-    def per_token_states(self) -> Iterator[None]:
-        """Every mixer chunked one token at a time (``chunk_per_token``), where ``states`` serves every token."""
-        chunk_per_token(self.model)
-        try:
-            yield
-        finally:
-            chunk_per_token(self.model, enabled=False)
 
     def read_prompt(
         self, writes: dict[str, Any] | None = None, names: tuple[str, ...] = ARGUMENT_VALUES + RESULT_VALUES

@@ -1,10 +1,13 @@
-"""The kernels a recurrent mixer calls: which function a kernel name is bound to, and whether its values can be read.
+"""The kernel calls a recurrent mixer makes: their declaration, which function a name is bound to, and whether
+their values can be read.
 
 transformers' modeling modules call their recurrent kernels through module-level
 names, bound by its hub dispatcher to a pure-torch function or an optimized
-package's kernel. Values read inside a kernel need the pure-torch one
-(:func:`needs_torch_kernels`); the state after every token needs the
-token-by-token one bound under the prompt's name (:func:`needs_recurrent_routing`).
+package's kernel. A mixer declares each call as a :class:`KernelCall` and finds
+its arguments by the pure-torch function's signature (:func:`argument`). Values
+read inside a kernel need the pure-torch one (:func:`needs_torch_kernels`);
+values computed from the call's arguments need only the call
+(:func:`needs_kernel_call`).
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ import inspect
 import re
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from nnsight.intervention.source import STATE, decorator_chain
+
+from ..descriptor import BoundArgument
 
 if TYPE_CHECKING:
     from .recurrent import RecurrentMixer
@@ -27,22 +33,57 @@ if TYPE_CHECKING:
 #: Argument names a mixer's forward takes its cache under, across transformers versions.
 CACHE_ARGUMENTS = ("cache_params", "cache", "past_key_values")
 
-ROUTE_HINT = (
-    "the state after each token is materialized only by the token-by-token kernel; the chunked kernel a "
-    "prompt runs through carries it between chunks. Call nnterp.route_kernels(model.family, 'torch') before "
-    "tracing this layer (slower, like attn_implementation='eager')"
-)
-TRACED_BEFORE_ROUTING = (
-    "nnterp.route_kernels(model.family, 'torch') ran after this mixer was first traced: nnsight compiled its "
-    "forward with the kernels bound then, and it keeps calling the chunked one. Route before the first trace "
-    "that touches the mixer (load the model again to apply the routing to it)"
-)
-
 #: Mixer modules whose forward nnsight has instrumented: route_kernels warns that they keep their kernels.
 INSTRUMENTED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 
 #: An instrumented forward -> the globals it was compiled over (finding them parses its decorators' source).
 _COMPILED_GLOBALS: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
+
+
+#: The name under which a mixer asks a kernel call for the state the call starts from (``KernelCall.entering_state``).
+ENTERING_STATE = "state"
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One kernel call a recurrent mixer's forward makes: a prompt's, or a decode step's.
+
+    Declared by what the mixer needs of it; the rest is read off the kernel
+    itself. Its arguments are found by the pure-torch kernel's own signature
+    (:meth:`argument`), so a parameter that moves, or is passed by keyword
+    instead of position, in a new transformers release needs no edit, and an
+    assigned argument rebuilds the call through the bound arguments.
+    """
+
+    #: The call's operation label in the mixer's forward: ``torch_chunk_gated_delta_rule_0``.
+    label: str
+    #: The kernel's parameter taking the state the call starts from; ``None`` for a kernel that starts from zeros.
+    entering_state: str | None = None
+    #: Inside the kernel's body, the binding of the state after each token (``None``: the body binds none), or of
+    #: every chunk boundary's state where the mixer gets its per-token states from chunk boundaries.
+    token_state: str | None = None
+    #: The mixer's name for an argument -> this kernel's parameter, where the mixer's two kernels differ.
+    renamed: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def function(self) -> str:
+        """The module-level name the forward calls: the label without its occurrence suffix."""
+        return function_name(self.label)
+
+    def parameter(self, name: str) -> str:
+        """This kernel's parameter for the mixer's argument ``name``; ``ENTERING_STATE`` is the state the call starts from."""
+        if name == ENTERING_STATE:
+            return self.entering_state or ENTERING_STATE
+        return self.renamed.get(name, name)
+
+    def argument(self, envoy: "RecurrentMixer", name: str) -> BoundArgument:
+        """The ``select`` of argument ``name``: found by the signature of the pure-torch function the call runs."""
+        return BoundArgument(_signature(dispatch(bound_kernel(envoy, self.label)).torch_function), self.parameter(name))
+
+
+@functools.cache
+def _signature(function: Callable) -> inspect.Signature:
+    return inspect.signature(function)
 
 
 class Dispatch(NamedTuple):
@@ -105,13 +146,6 @@ def compiled_globals(body: Callable) -> dict:
     return _COMPILED_GLOBALS[body]
 
 
-def _token_loop(envoy: "RecurrentMixer") -> Callable:
-    """The pure-torch kernel whose body binds ``STATE_OP`` once per token, where routing sends a prompt."""
-    cls = type(envoy)
-    loop_label = cls.CHUNK_KERNEL if cls.STEP_STATE_OP is not None else cls.RECURRENT_KERNEL
-    return dispatch(bound_kernel(envoy, loop_label)).torch_function
-
-
 def needs_kernel_call(envoy: "RecurrentMixer") -> str | None:
     """Why a value computed from the kernel call's arguments is unavailable, or ``None``: the forward makes no such call.
 
@@ -119,9 +153,9 @@ def needs_kernel_call(envoy: "RecurrentMixer") -> str | None:
     the kernel's name is bound to (routed, transformers' default, or an
     optimized package's kernel), so this is the only reason.
     """
-    for label in (type(envoy).CHUNK_KERNEL, type(envoy).RECURRENT_KERNEL):
-        if bound_kernel(envoy, label) is None:
-            return f"{type(envoy._module).__name__}'s forward calls no {function_name(label)}"
+    for call in type(envoy).calls():
+        if bound_kernel(envoy, call.label) is None:
+            return f"{type(envoy._module).__name__}'s forward calls no {call.function}"
     return None
 
 
@@ -130,36 +164,15 @@ def needs_torch_kernels(envoy: "RecurrentMixer") -> str | None:
     reason = needs_kernel_call(envoy)
     if reason is not None:
         return reason
-    for label in (type(envoy).CHUNK_KERNEL, type(envoy).RECURRENT_KERNEL):
-        dispatched = dispatch(bound_kernel(envoy, label))
+    for call in type(envoy).calls():
+        dispatched = dispatch(bound_kernel(envoy, call.label))
         if dispatched.implementation is not dispatched.torch_function:
             return (
-                f"read inside transformers' pure-torch {function_name(label)}, but this process dispatches it to "
+                f"read inside transformers' pure-torch {call.function}, but this process dispatches it to "
                 f"an optimized kernel ({dispatched.package}) with no Python source; uninstall it, or call "
                 f"nnterp.route_kernels(model.family, 'torch'), to read these"
             )
     return None
-
-
-def needs_recurrent_routing(envoy: "RecurrentMixer") -> str | None:
-    """Why the state after each token is unavailable, or ``None``.
-
-    In this order: the mixer's kernels never bind the state once per token;
-    they have no Python source (:func:`needs_torch_kernels`); the prompt's
-    kernel name is not bound to the token loop (:func:`route_kernels`), which
-    also covers a mixer nnsight compiled before the routing.
-    """
-    cls = type(envoy)
-    if cls.STATE_OP is None:
-        return "this mixer's kernels do not materialize the state after each token"
-    reason = needs_torch_kernels(envoy)
-    if reason is not None:
-        return reason
-    loop = _token_loop(envoy)
-    if bound_kernel(envoy, cls.CHUNK_KERNEL) is loop:
-        return None
-    live = getattr(modeling_module(type(envoy._module)), function_name(cls.CHUNK_KERNEL), None)
-    return TRACED_BEFORE_ROUTING if live is loop else cls.ROUTE_HINT
 
 
 def kernel(attribute: str) -> Callable[["RecurrentMixer"], str]:
@@ -171,10 +184,13 @@ def kernel(attribute: str) -> Callable[["RecurrentMixer"], str]:
     return key
 
 
-def argument_at(arguments: tuple[tuple, dict], place: int | str) -> Any:
-    """The argument of a call's ``(args, kwargs)`` at ``place``: a position, or a keyword (``None`` when not passed)."""
-    args, kwargs = arguments
-    return kwargs.get(place) if isinstance(place, str) else args[place]
+def argument(name: str) -> Callable[["RecurrentMixer"], BoundArgument]:
+    """The ``select`` of the argument ``name`` of the kernel call that fires, found by that kernel's own signature."""
+
+    def select(envoy: "RecurrentMixer") -> BoundArgument:
+        return envoy.kernel_call().argument(envoy, name)
+
+    return select
 
 
 def forward_arguments(arguments: tuple[tuple, dict]) -> tuple[torch.Tensor, Any]:

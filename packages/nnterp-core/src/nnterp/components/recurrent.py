@@ -8,13 +8,16 @@ takes four things, one module each:
 
 - which kernel fires on this call of the mixer, decided by the forward's own
   test, once per call (``RecurrentMixer.KERNEL``, :mod:`.per_call`);
-- kernels with Python source to read inside: transformers' pure-torch ones, not
-  an optimized package's (:mod:`.kernels`);
-- ``route_kernels`` (:mod:`.routing`), which binds a family's kernel names to the pure-torch
-  functions process-wide, so a prompt runs through the token-by-token kernel;
+- the kernel call itself, declared as a :class:`~.kernels.KernelCall` whose
+  arguments are found by the kernel's own signature, and kernels with Python
+  source to read inside: transformers' pure-torch ones (:mod:`.kernels`);
+- how the mixer kind gets the state after every token (:mod:`.per_token`),
+  which ``route_kernels`` (:mod:`.routing`) reads to bind a family's kernel
+  names process-wide;
 - the state after every token, one occurrence per token of an operation inside
-  that kernel, read and written by occurrence arithmetic (this module's
-  ``RecurrentMixer``, which also holds the order of a call's values).
+  that kernel, read and written by occurrence arithmetic, or computed from the
+  call's arguments (``trajectory``); this module's ``RecurrentMixer``, which
+  also holds the order of a call's values.
 """
 
 from __future__ import annotations
@@ -30,16 +33,18 @@ from nnsight.intervention.interleaver import Mediator
 from ..descriptor import DerivedEProperty, EProperty, Unavailable, inside_trace
 from ..layouts import Residual, State, States
 from ..order import OrderError, standard_path
-from . import kernels
+from ..positions import Positions
 from .kernels import (
+    ENTERING_STATE,
     INSTRUMENTED,
-    argument_at,
+    KernelCall,
     bound_kernel,
     dispatch,
     forward_arguments,
-    needs_recurrent_routing,
+    needs_kernel_call,
 )
 from .per_call import current_call, per_call, pinned, records_for, replace_per_call
+from .per_token import PerToken, needs_recurrent_routing
 from .standard import Sublayer, contribution
 
 #: The values read at a kernel call's arguments: the forward produces them together, as the call starts.
@@ -77,9 +82,18 @@ class Reached(NamedTuple):
 class RecurrentMixer(Sublayer):
     """A sequence mixer with a recurrent state, read at the kernel call its forward makes.
 
-    A subclass names its kernels in class constants and declares its values at
-    ``kernel("inputs")`` / ``kernel("output")`` with
-    ``unavailable=needs_torch_kernels``:
+    A subclass declares its two kernel calls and how it gets the state after
+    every token, then its values at ``kernel("inputs")`` with
+    ``select=argument(name)`` (an argument found by the kernel's signature) or
+    ``kernel("output")``, with ``unavailable=needs_torch_kernels``, and the
+    math of ``states_from_arguments``:
+
+    - ``PROMPT``: the :class:`~.kernels.KernelCall` a prompt runs through;
+      ``DECODE``: the one a decode step of ``generate`` runs through (the
+      update of the cached state by one token).
+    - ``PER_TOKEN``: how the state after every token is had
+      (:mod:`.per_token`: a token loop the prompt is routed to, the scan's own
+      loop, or chunk boundaries one token apart).
 
     - ``BRANCH``: the binding the forward makes before it picks a kernel,
       ``True`` when the call continues a cached state; ``SEQ_OP``: the masking
@@ -88,13 +102,6 @@ class RecurrentMixer(Sublayer):
       cached state itself; then the decision reads the call's own arguments and
       ``CACHED_STATE``, the binding of the cached state made when a cache is
       passed.
-    - ``CHUNK_KERNEL``: the call a prompt runs through; ``RECURRENT_KERNEL``:
-      the call a decode step of ``generate`` runs through.
-    - ``STATE_OP``: inside the token-by-token kernel, the binding of the state
-      after each token's update, or ``None`` when the kernels never bind it.
-    - ``STEP_STATE_OP``: set when the decode kernel updates the state once
-      instead of looping (Mamba-1): the binding of the new state inside it.
-
     - ``ORDER`` (and ``DECODE_ORDER`` where a decode step differs): the
       values inside one call in the order the forward produces them. A value
       asked for after a later one of the same call raises
@@ -103,27 +110,20 @@ class RecurrentMixer(Sublayer):
 
     ``KERNEL`` picks the call that fires on this call of the mixer, once per
     call, so the same values work in a trace and on every step of
-    ``tracer.iter``. The state after every token exists only in the
-    token-by-token kernel: ``nnterp.route_kernels(model.family, "torch")``
-    routes a family's prompts through it, and then ``state``, ``states``,
-    ``state_after`` and ``set_state_after`` reach every position.
+    ``tracer.iter``. With ``PER_TOKEN`` in effect (``route_kernels(model.family,
+    "torch")`` for a token loop), ``states`` and ``state_after`` reach every
+    position, and on a token loop ``state`` and ``set_state_after`` too;
+    ``state_trajectory`` computes them from the call's arguments, always.
     """
 
     BRANCH: str = "use_precomputed_states_0"
     SEQ_OP: str = "apply_mask_to_padding_states_0"
     CACHED_STATE: str = "recurrent_state_0"
-    CHUNK_KERNEL: str
-    RECURRENT_KERNEL: str
-    STATE_OP: str | None = None
-    STEP_STATE_OP: str | None = None
+    PROMPT: KernelCall
+    DECODE: KernelCall
+    PER_TOKEN: PerToken
     #: The call inside transformers' hub dispatcher wrapper that runs the kernel's body.
     DISPATCHED: str = "implementation_0"
-    #: What needs_recurrent_routing says while the family's kernels are not routed.
-    ROUTE_HINT: str = kernels.ROUTE_HINT
-    #: Where the prompt's kernel and the decode kernel take the state the call starts from (a position or a
-    #: keyword; ``None`` for a kernel that takes none). It is the cache's buffer, which the forward overwrites with
-    #: the call's final state (the decode kernel in place, the cache after a prompt), so ``entering_state`` copies it.
-    STARTING_STATE: tuple[int | str | None, int | str | None] = (None, None)
     #: The values inside one call in the order its forward produces them on a prompt, a group at one place (any
     #: order within it); ``attention_output``, the mixer's output, comes after all of them. ``states`` stands for
     #: ``state_after`` and ``set_state_after`` too.
@@ -144,6 +144,11 @@ class RecurrentMixer(Sublayer):
         source = super().source
         INSTRUMENTED.add(self._module)
         return source
+
+    @classmethod
+    def calls(cls) -> tuple[KernelCall, KernelCall]:
+        """The mixer's two kernel calls: the prompt's and the decode step's."""
+        return cls.PROMPT, cls.DECODE
 
     @staticmethod
     def KERNEL(envoy: "RecurrentMixer") -> str:
@@ -169,14 +174,26 @@ class RecurrentMixer(Sublayer):
                 hidden, cache = forward_arguments(envoy.inputs)
                 seq = hidden.shape[1]
                 continues = cache is not None and seq == 1 and getattr(source, cls.CACHED_STATE).output is not None
-            return cls.RECURRENT_KERNEL if continues and seq == 1 else cls.CHUNK_KERNEL
+            return (cls.DECODE if continues and seq == 1 else cls.PROMPT).label
 
         return per_call(envoy, "kernel", choose)
 
     def decoding(self) -> bool:
         """Whether this call of the mixer is a decode step (the update over the cached state) rather than a prompt."""
         cls = type(self)
-        return cls.KERNEL(self) == cls.RECURRENT_KERNEL
+        return cls.KERNEL(self) == cls.DECODE.label
+
+    def kernel_call(self) -> KernelCall:
+        """The declaration of the kernel call that fires on this call of the mixer."""
+        return self.DECODE if self.decoding() else self.PROMPT
+
+    def argument(self, name: str, arguments: tuple[tuple, dict] | None = None) -> Any:
+        """The argument ``name`` of the kernel call that fires (of ``arguments``, else of the call's recorded ones).
+
+        Found by the kernel's own signature; ``None`` when the kernel takes no
+        such parameter (a prompt's scan that starts from zeros takes no state).
+        """
+        return self.kernel_call().argument(self, name).pick(self.call_arguments() if arguments is None else arguments)
 
     def call_arguments(self) -> tuple[tuple, dict]:
         """The ``(args, kwargs)`` of the kernel call that fires on this call of the mixer, read once per call.
@@ -185,7 +202,7 @@ class RecurrentMixer(Sublayer):
         (``entering_state``): they are first read at the call's start, before
         anything overwrites that state.
         """
-        arguments = per_call(self, "arguments", lambda: self._kernel_call().inputs)
+        arguments = per_call(self, "arguments", lambda: self._call_operation().inputs)
         per_call(self, "entering_state", lambda: self._copied_state(arguments))
         return arguments
 
@@ -197,14 +214,14 @@ class RecurrentMixer(Sublayer):
         """
         if not location.startswith(f"{self.path}.source."):
             return  # the module's own input or output: not an argument of a call inside its forward
-        call = self._kernel_call()
+        call = self._call_operation()
         if location != type(call).inputs._location(call):
             return
         replace_per_call(self, "arguments", value)
         replace_per_call(self, "entering_state", self._copied_state(value))
 
     def entering_state(self) -> torch.Tensor | None:
-        """The state this call starts from as its kernel received it (``STARTING_STATE``), or ``None`` for zeros.
+        """The state this call starts from as its kernel received it (``KernelCall.entering_state``), or ``None`` for zeros.
 
         A copy taken at the call's start: the kernel receives the cache's
         buffer, which the forward overwrites with the call's final state, so
@@ -216,19 +233,19 @@ class RecurrentMixer(Sublayer):
         return per_call(self, "entering_state", lambda: None)
 
     def _copied_state(self, arguments: tuple[tuple, dict]) -> torch.Tensor | None:
-        place = type(self).STARTING_STATE[self.decoding()]
-        state = None if place is None else argument_at(arguments, place)
+        # the cache's buffer, which the forward overwrites with the call's final state
+        state = self.argument(ENTERING_STATE, arguments)
         return None if state is None else state.clone()
 
     def updated_state(self) -> torch.Tensor:
-        """The cache's state buffer a decode kernel updates in place (its ``STARTING_STATE`` argument).
+        """The cache's state buffer a decode kernel updates in place (its entering state).
 
         Once the decode kernel has returned, the buffer holds the state after
         the step: where ``state_output`` is read on a decode step, after every
         value inside the kernel, so that one order of reads holds on prompts and
         decode steps alike.
         """
-        return argument_at(self.call_arguments(), type(self).STARTING_STATE[1])
+        return self.argument(ENTERING_STATE)
 
     def reads_state_after_the_update(self) -> bool:
         """Whether a decode step's ``state_output`` is read once the kernel has returned, rather than inside it.
@@ -271,7 +288,7 @@ class RecurrentMixer(Sublayer):
         if not (self.decoding() and self.reads_state_after_the_update()):
             return layout(value)
         self.write_updated_state(value, layout)
-        return self._kernel_call().output
+        return self._call_operation().output
 
     @staticmethod
     def serve_state(state: torch.Tensor, layout: Callable, buffer: torch.Tensor | None = None) -> torch.Tensor:
@@ -305,7 +322,7 @@ class RecurrentMixer(Sublayer):
             layout(buffer).copy_(served)
         return element
 
-    def _kernel_call(self) -> Any:
+    def _call_operation(self) -> Any:
         """The operation envoy of the kernel call that fires on this call of the mixer."""
         return getattr(self.source, type(self).KERNEL(self))
 
@@ -438,13 +455,6 @@ class RecurrentMixer(Sublayer):
 
     # -- the state after every token ----------------------------------------------
 
-    def _state_op(self, kernel_label: str) -> str:
-        """The binding of the state after each token inside ``kernel_label``'s body."""
-        cls = type(self)
-        if kernel_label == cls.RECURRENT_KERNEL and cls.STEP_STATE_OP is not None:
-            return cls.STEP_STATE_OP
-        return cls.STATE_OP
-
     def _seq(self, args: tuple, kwargs: dict) -> int:
         """The kernel call's sequence length: its first argument's axis 1 (tokens-first tensors)."""
         return args[0].shape[1]
@@ -462,7 +472,7 @@ class RecurrentMixer(Sublayer):
             label = type(self).KERNEL(self)
             call = getattr(self.source, label)
             args, kwargs = self.call_arguments()
-            name = self._state_op(label)
+            name = self.kernel_call().token_state
             first = Mediator.current(name).occurrence(f"{call.path}.source.{name}.output")
             return getattr(call.source, name), first, self._seq(args, kwargs)
 
@@ -470,11 +480,12 @@ class RecurrentMixer(Sublayer):
 
     def _token_state_op(self) -> str:
         """The key of ``state``: the state operation inside the kernel that fires, drilled into before the call runs."""
+        # under tracer.iter the worker is pinned to a token, not to this call: the call is decided relaxed
         with pinned(None):
-            label = type(self).KERNEL(self)
+            call = self.kernel_call()
             self.call_arguments()
-            getattr(self.source, label).source
-        return f"source.{label}.source.{self._state_op(label)}.output"
+            getattr(self.source, call.label).source
+        return f"source.{call.label}.source.{call.token_state}.output"
 
     @EProperty(_token_state_op, unavailable=needs_recurrent_routing)
     def state(self, value: Any) -> State:
@@ -501,7 +512,7 @@ class RecurrentMixer(Sublayer):
         return self.per_token_states()
 
     def per_token_states(self) -> States:
-        """Every token's state as the model binds it: one occurrence per token of ``STATE_OP``, gathered as they come."""
+        """Every token's state as the model binds it: one occurrence per token of ``token_state``, gathered as they come."""
         op, first, seq = self._token_op()
         states = None
         for t in range(seq):
@@ -515,6 +526,39 @@ class RecurrentMixer(Sublayer):
         return states
 
     states = DerivedEProperty(_states, unavailable=needs_recurrent_routing)
+
+    def trajectory(self, positions: Positions = None, dtype: torch.dtype | None = None) -> States:
+        """The state after chosen tokens of this call, [batch, positions, ...the state's axes], computed from its arguments.
+
+        ``state_trajectory`` with a selection: ``positions`` indexes the call's
+        tokens as ``states[:, positions]`` would (an int, a slice, a list; an
+        int drops the axis) and only those states are computed. The call's
+        arguments are read at the kernel call and the states computed beside
+        it in pure torch by the family's chunked recurrence
+        (``states_from_arguments``), so it needs neither routing nor
+        ``chunk_per_token``, and works with an optimized kernel installed. The
+        dtype is the kernel's unless ``dtype`` says otherwise.
+
+        It reads the call's arguments as assigned (an assigned key, gate or
+        ``state_input`` is in it), so it can be read before or after the call's
+        other values; a call over a cached state starts from a copy of it
+        taken before the forward overwrites it (``entering_state``). No
+        gradient flows through it: the computation writes into its result in
+        place, which autograd refuses.
+        """
+        inside_trace(self, "trajectory()")
+        with torch.no_grad():
+            return self.states_from_arguments(positions, dtype)
+
+    def states_from_arguments(self, positions: Positions, dtype: torch.dtype | None) -> States:
+        """The family's math: the states after ``positions`` of this call, from its arguments (see ``trajectory``)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no states_from_arguments")
+
+    def _state_trajectory(self) -> States:
+        """The state after every token of this call, [batch, seq, ...the state's axes], from the kernel call's arguments; no routing needed."""
+        return self.trajectory()
+
+    state_trajectory = DerivedEProperty(_state_trajectory, unavailable=needs_kernel_call)
 
     def _token_passed(self, t: int) -> bool:
         """Whether the forward is past the state after token ``t`` of this call (``0 <= t < seq``).

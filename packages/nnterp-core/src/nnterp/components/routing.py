@@ -9,7 +9,7 @@ from types import ModuleType
 from nnsight.intervention.source import STATE
 
 from ..registry import REGISTRY
-from .kernels import INSTRUMENTED, compiled_globals, dispatch, function_name, modeling_module
+from .kernels import INSTRUMENTED, compiled_globals, dispatch, modeling_module
 from .recurrent import RecurrentMixer
 
 #: The modes :func:`route_kernels` accepts.
@@ -49,25 +49,16 @@ def _routes(family: ModuleType, mode: str) -> dict[tuple[ModuleType, str], Calla
     for module_class, mixer in _mixers(family):
         modeling = modeling_module(module_class)
         stash = getattr(modeling, STASH, {})
-        labels = (mixer.CHUNK_KERNEL, mixer.RECURRENT_KERNEL)
-        for label in labels:
-            name = function_name(label)
-            if not hasattr(modeling, name):
-                raise ValueError(f"{modeling.__name__} binds no {name}, the kernel {mixer.__name__} expects")
-        if mode == "default":
-            for label in labels:
-                name = function_name(label)
-                routes[(modeling, name)] = stash.get(name, getattr(modeling, name))
-            continue
-        originals = {
-            label: stash.get(function_name(label), getattr(modeling, function_name(label))) for label in labels
-        }
-        pure = {label: dispatch(fn).torch_function for label, fn in originals.items()}
-        for label in labels:
-            own = pure[label]
-            if mixer.STATE_OP is not None and mixer.STEP_STATE_OP is None:
-                own = pure[mixer.RECURRENT_KERNEL]
-            routes[(modeling, function_name(label))] = own
+        for call in mixer.calls():
+            if not hasattr(modeling, call.function):
+                raise ValueError(f"{modeling.__name__} binds no {call.function}, the kernel {mixer.__name__} expects")
+        # what the module bound at import, whatever is routed now
+        imported = {call.function: stash.get(call.function, getattr(modeling, call.function)) for call in mixer.calls()}
+        pure = {name: dispatch(function).torch_function for name, function in imported.items()}
+        for call in mixer.calls():
+            routes[(modeling, call.function)] = (
+                imported[call.function] if mode == "default" else mixer.PER_TOKEN.routed_function(mixer, call, pure)
+            )
     return routes
 
 
@@ -76,14 +67,14 @@ def route_kernels(family: ModuleType, mode: str) -> None:
 
     ``"torch"`` binds the prompt's and the decode step's kernel names in the
     family's modeling module to transformers' pure-torch kernels: the slower
-    path, and the only one with Python source to read values inside. Where the
-    token-by-token kernel binds the state after every token (``STATE_OP``) and
-    the decode kernel is that loop (a gated DeltaNet), the prompt's name is
-    bound to it too, so a prompt runs token by token and ``state``,
-    ``states``, ``state_after`` and ``set_state_after`` reach every position;
-    a mixer whose prompt kernel is itself the loop (``STEP_STATE_OP``, Mamba-1)
-    keeps each name on its own function. ``"default"`` restores what the module
-    bound at import.
+    path, and the only one with Python source to read values inside. What
+    each name gets is the mixer's ``PER_TOKEN`` strategy's to say: a token loop
+    (a gated DeltaNet) binds the prompt's name to the decode kernel's loop, so
+    a prompt runs token by token and ``state``, ``states``, ``state_after``
+    and ``set_state_after`` reach every position; a scan loop (Mamba-1), whose
+    prompt kernel is itself the loop, and chunk boundaries (Mamba-2) keep each
+    name on its own function. ``"default"`` restores what the module bound at
+    import.
 
     Like installing a kernel package it applies to every model of the family.
     Call it before the first trace that touches a mixer: nnsight compiles a

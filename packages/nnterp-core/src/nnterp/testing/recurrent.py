@@ -21,7 +21,9 @@ from typing import Any, ClassVar
 import torch
 from transformers.integrations import use_kernel_func_from_hub_with_fallback
 
-from ..components.kernels import CACHE_ARGUMENTS, dispatch, function_name, modeling_module
+from ..components.kernels import CACHE_ARGUMENTS, dispatch, modeling_module
+from ..components.per_token import PerToken
+from ..components.recurrent import RecurrentMixer
 from ..components.routing import route_kernels
 from ..descriptor import Unavailable
 from ..registry import REGISTRY
@@ -83,19 +85,33 @@ class RecurrentMixerSuite(TraceOrderSuite):
     ASSIGNABLE: ClassVar[tuple[str, ...]] = ("attention_keys", "attention_values")
     #: Whether a prompt's kernel takes a starting state, so that ``state_input`` may be assigned on a prompt.
     PROMPT_STATE_INPUT: ClassVar[bool] = True
-    #: Whether the class's model runs its family routed to the token-by-token kernels (``route_kernels(family,
-    #: "torch")``, for the class and back after it), which is how the family's ``states`` serve every token.
-    ROUTED: ClassVar[bool] = False
+
+    @classmethod
+    def strategy(cls) -> PerToken:
+        """How the family's recurrent mixers get the state after every token (their ``PER_TOKEN``)."""
+        strategies = {
+            envoy.PER_TOKEN
+            for envoy in REGISTRY.family(cls.family).ENVOYS.values()
+            if isinstance(envoy, type) and issubclass(envoy, RecurrentMixer)
+        }
+        assert len(strategies) == 1, f"{cls.family}: its mixers get per-token states {len(strategies)} ways"
+        return strategies.pop()
+
+    @classmethod
+    def routed(cls) -> bool:
+        """Whether the class's model runs its family routed (``route_kernels(family, "torch")``, for the class and back
+        after it), which is how a token loop's ``states`` serve every token."""
+        return cls.strategy().routed
 
     @classmethod
     def setup_class(cls) -> None:
-        if cls.ROUTED:
+        if cls.routed():
             route_kernels(REGISTRY.family(cls.family), "torch")
         super().setup_class()
 
     @classmethod
     def teardown_class(cls) -> None:
-        if cls.ROUTED:
+        if cls.routed():
             with warnings.catch_warnings():
                 # the class's model was traced routed, as intended
                 warnings.filterwarnings("ignore", r"route_kernels\(\.\.\., 'default'\)")
@@ -109,21 +125,29 @@ class RecurrentMixerSuite(TraceOrderSuite):
 
     @contextmanager
     def per_token_states(self) -> Iterator[None]:
-        """Where the mixers' ``states`` serve every token's state: the class's model as it is, unless a suite says."""
-        yield
+        """Where the mixers' ``states`` serve every token's state: routed, the class's model as it is; else with the
+        strategy's per-model switch on (a Mamba-2's ``chunk_per_token``), and off again after."""
+        if self.routed():
+            yield
+            return
+        self.strategy().enable(self.model)
+        try:
+            yield
+        finally:
+            self.strategy().enable(self.model, enabled=False)
 
     @contextmanager
     def default_kernels(self) -> Iterator[None]:
-        """The family's kernels as transformers binds them, for a model built inside; routed again after, if ``ROUTED``."""
+        """The family's kernels as transformers binds them, for a model built inside; routed again after, if ``routed()``."""
         family = REGISTRY.family(self.family)
-        if self.ROUTED:
+        if self.routed():
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", r"route_kernels\(\.\.\., 'default'\)")
                 route_kernels(family, "default")
         try:
             yield
         finally:
-            if self.ROUTED:
+            if self.routed():
                 with warnings.catch_warnings():
                     # the class's model was traced under "torch" and keeps it, as intended
                     warnings.filterwarnings("ignore", r"route_kernels\(\.\.\., 'torch'\): .* already traced")
@@ -171,8 +195,8 @@ class RecurrentMixerSuite(TraceOrderSuite):
         assert served is None, f"states under per_token_states: support says {served!r}"
         # routed, the hint to route; else what the class's model, on the default kernels too, says outside per_token_states
         hint = (
-            type(self.mixer(layers[0])).ROUTE_HINT
-            if self.ROUTED
+            type(self.mixer(layers[0])).PER_TOKEN.hint
+            if self.routed()
             else self.model.support(layer=layers[0])["linear_attn.states"]
         )
         assert hint is not None, "on the default kernels, support says states serve every token"
@@ -290,7 +314,7 @@ class RecurrentMixerSuite(TraceOrderSuite):
         layer = self.recurrent_layers()[0]
         mixer_class = type(self.mixer(layer))
         module_class = next(key for key, value in REGISTRY.family(self.family).ENVOYS.items() if value is mixer_class)
-        modeling, name = modeling_module(module_class), function_name(mixer_class.CHUNK_KERNEL)
+        modeling, name = modeling_module(module_class), mixer_class.PROMPT.function
         with self.default_kernels():
             imported = getattr(modeling, name)
             try:

@@ -3,6 +3,7 @@
 from transformers.models.bamba import modeling_bamba as MODELING
 
 from nnterp import Mlp
+from nnterp.components.per_token import ChunkBoundaries
 from nnterp_attention import Attention
 from nnterp_ssd.blocks import TupleLayer
 from nnterp_ssd.state_space import StateSpace
@@ -11,7 +12,7 @@ from nnterp_ssd.state_space import StateSpace
 class BambaStateSpace(StateSpace):
     """Bamba's Mamba-2 mixer, at ``layers[i].mamba``; its chunk size comes from ``config.mamba_chunk_size``."""
 
-    CHUNK_SIZE_CONFIG = "mamba_chunk_size"
+    PER_TOKEN = ChunkBoundaries("mamba_chunk_size")
 
 
 MODEL_TYPES = ("bamba",)

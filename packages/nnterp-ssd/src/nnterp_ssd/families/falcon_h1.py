@@ -17,6 +17,7 @@ from __future__ import annotations
 from transformers.models.falcon_h1 import modeling_falcon_h1 as MODELING
 
 from nnterp import Mlp
+from nnterp.components.per_token import ChunkBoundaries
 from nnterp_attention import Attention
 from nnterp_ssd.blocks import SourcedLayer, TupleLayer
 from nnterp_ssd.state_space import StateSpace
@@ -31,7 +32,7 @@ class FalconH1Layer(SourcedLayer, TupleLayer):
 class FalconH1StateSpace(StateSpace):
     """Falcon-H1's Mamba-2 mixer, at ``layers[i].mamba``; its chunk size comes from ``config.mamba_chunk_size``."""
 
-    CHUNK_SIZE_CONFIG = "mamba_chunk_size"
+    PER_TOKEN = ChunkBoundaries("mamba_chunk_size")
     # the block scales the mixer's output by ssm_out_multiplier before adding it
     CONTRIBUTION = "../source.mamba_hidden_states_1.output"
 

@@ -13,6 +13,7 @@ from typing import Any
 from transformers.models.granitemoehybrid import modeling_granitemoehybrid as MODELING
 
 from nnterp import EProperty, Mlp
+from nnterp.components.per_token import ChunkBoundaries
 from nnterp.layouts import Neurons, Residual
 from nnterp_attention import Attention
 from nnterp_ssd.blocks import SourcedLayer
@@ -40,7 +41,7 @@ def _feed_forward(envoy: Any) -> str:
 class GraniteMoeHybridStateSpace(StateSpace):
     """Granite's Mamba-2 mixer, at ``layers[i].mamba``; its chunk size comes from ``config.mamba_chunk_size``."""
 
-    CHUNK_SIZE_CONFIG = "mamba_chunk_size"
+    PER_TOKEN = ChunkBoundaries("mamba_chunk_size")
 
     @EProperty("output")
     def attention_output(self, value: Any) -> Residual:

@@ -1,0 +1,170 @@
+"""How a recurrent mixer comes to hold the state after every token of a prompt: one strategy per mixer kind.
+
+A prompt's kernel usually carries the state between chunks and never holds it
+per token. A mixer kind gets the per-token states one of three ways, and says
+which in ``RecurrentMixer.PER_TOKEN``:
+
+- :data:`TOKEN_LOOP` (gated DeltaNet): the decode step's kernel is a loop over
+  tokens binding the state after each; ``route_kernels(family, "torch")`` binds
+  the prompt's kernel name to that loop too.
+- :data:`SCAN_LOOP` (Mamba-1): the prompt's pure-torch kernel is itself the
+  loop; routing binds each kernel name to its own pure-torch function, past
+  transformers' hub dispatcher.
+- :class:`ChunkBoundaries` (Mamba-2): the prompt's kernel binds every chunk
+  boundary's state in one tensor; with a chunk size of 1, a per-model switch
+  (:meth:`ChunkBoundaries.enable`), every token is a boundary.
+
+``route_kernels`` reads the strategy for what to bind, ``states`` for why it is
+unavailable, and the test kit and the benchmarks for how to turn it on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .kernels import KernelCall, bound_kernel, dispatch, modeling_module, needs_torch_kernels
+
+if TYPE_CHECKING:
+    from .recurrent import RecurrentMixer
+
+TRACED_BEFORE_ROUTING = (
+    "nnterp.route_kernels(model.family, 'torch') ran after this mixer was first traced: nnsight compiled its "
+    "forward with the kernels bound then, and it keeps calling the chunked one. Route before the first trace "
+    "that touches the mixer (load the model again to apply the routing to it)"
+)
+
+
+class PerToken:
+    """How a mixer kind gets the state after every token of a prompt (see the module's docstring)."""
+
+    #: Whether it takes ``route_kernels(family, "torch")``, process-wide and before a model's first trace; else a
+    #: per-model switch (``enable``).
+    routed: bool
+    #: Whether the state after each token is one occurrence of an operation, which ``state`` walks with
+    #: ``tracer.iter`` and ``set_state_after`` writes so that later tokens continue from it.
+    walks_tokens: bool
+    #: What ``states`` says while the strategy is not in effect.
+    hint: str
+
+    def routed_function(
+        self, mixer: type["RecurrentMixer"], call: KernelCall, pure: Mapping[str, Callable]
+    ) -> Callable:
+        """What ``route_kernels(family, "torch")`` binds ``call``'s name to: by default its own pure-torch function.
+
+        ``pure`` maps each of the mixer's kernel names to its pure-torch function.
+        """
+        return pure[call.function]
+
+    def reason(self, envoy: "RecurrentMixer") -> str | None:
+        """Why ``envoy``'s per-token states are unavailable now, or ``None``."""
+        raise NotImplementedError
+
+    def enable(self, model: Any, enabled: bool = True) -> None:
+        """Turn the per-model switch on (or back off) for ``model``'s mixers of this kind."""
+        raise TypeError(f"{type(self).__name__} has no per-model switch: route the family's kernels instead")
+
+
+class TokenLoop(PerToken):
+    """Per-token states from the decode kernel's token loop, to which routing sends the prompt too."""
+
+    routed = True
+    walks_tokens = True
+    hint = (
+        "the state after each token is materialized only by the token-by-token kernel; the chunked kernel a "
+        "prompt runs through carries it between chunks. Call nnterp.route_kernels(model.family, 'torch') before "
+        "tracing this layer (slower, like attn_implementation='eager')"
+    )
+
+    def loop(self, mixer: type["RecurrentMixer"]) -> KernelCall:
+        """The call whose pure-torch function is the loop binding the state after each token."""
+        return mixer.DECODE
+
+    def routed_function(
+        self, mixer: type["RecurrentMixer"], call: KernelCall, pure: Mapping[str, Callable]
+    ) -> Callable:
+        return pure[self.loop(mixer).function]
+
+    def reason(self, envoy: "RecurrentMixer") -> str | None:
+        """Why the prompt does not run through the loop: no Python source, not routed, or compiled before routing."""
+        reason = needs_torch_kernels(envoy)
+        if reason is not None:
+            return reason
+        cls = type(envoy)
+        loop = dispatch(bound_kernel(envoy, self.loop(cls).label)).torch_function
+        if bound_kernel(envoy, cls.PROMPT.label) is loop:
+            return None
+        live = getattr(modeling_module(type(envoy._module)), cls.PROMPT.function, None)
+        return TRACED_BEFORE_ROUTING if live is loop else self.hint
+
+
+class ScanLoop(TokenLoop):
+    """Per-token states from the prompt's own pure-torch kernel, a loop over tokens; routing binds each name to its own."""
+
+    hint = (
+        "the scan's token loop binds the state after every token, but it sits behind transformers' hub "
+        "dispatcher until the kernel names are routed; call nnterp.route_kernels(model.family, 'torch') before "
+        "the first trace that touches this mixer"
+    )
+
+    def loop(self, mixer: type["RecurrentMixer"]) -> KernelCall:
+        return mixer.PROMPT
+
+    def routed_function(
+        self, mixer: type["RecurrentMixer"], call: KernelCall, pure: Mapping[str, Callable]
+    ) -> Callable:
+        return pure[call.function]
+
+
+@dataclass(frozen=True)
+class ChunkBoundaries(PerToken):
+    """Per-token states from the chunk boundaries of the prompt's kernel, one token apart with a chunk size of 1.
+
+    The mixer module's ``chunk_size`` attribute, read by its forward on
+    every call, is the switch; ``config`` names the config attribute its
+    chunk size was built from, restored by ``enable(model, False)``.
+    """
+
+    config: str = "chunk_size"
+    routed = False
+    walks_tokens = False
+    hint = (
+        "the chunk scan materializes the state only at chunk boundaries, every {chunk} tokens "
+        "(chunk_size={chunk}); call nnterp.chunk_per_token(model) to set every Mamba-2 mixer's chunk_size to 1, "
+        "so every token is a boundary (slower on long prompts)"
+    )
+
+    def reason(self, envoy: "RecurrentMixer") -> str | None:
+        """Why the boundaries are not every token: no Python source, or a chunk size other than 1."""
+        reason = needs_torch_kernels(envoy)
+        if reason is not None:
+            return reason
+        chunk = envoy._module.chunk_size
+        return None if chunk == 1 else self.hint.format(chunk=chunk)
+
+    def enable(self, model: Any, enabled: bool = True) -> None:
+        """Set the chunk size of every mixer of ``model`` that gets its states this way: 1, or back to its config's.
+
+        A model loaded by path holds meta modules until its first trace
+        replaces them; ``enabled=True`` loads its weights first
+        (``model.dispatch()``) so the setting lands on the modules that run.
+        """
+        if enabled and not getattr(model, "dispatched", True):
+            model.dispatch()
+        config = model._module.config.get_text_config()
+        for mixer in model.modules(
+            include_fn=lambda envoy: isinstance(getattr(envoy, "PER_TOKEN", None), ChunkBoundaries)
+        ):
+            mixer._module.chunk_size = 1 if enabled else getattr(config, type(mixer).PER_TOKEN.config)
+
+
+#: Gated DeltaNet's strategy.
+TOKEN_LOOP = TokenLoop()
+#: Mamba-1's strategy.
+SCAN_LOOP = ScanLoop()
+
+
+def needs_recurrent_routing(envoy: "RecurrentMixer") -> str | None:
+    """Why the state after each token is unavailable on ``envoy``, or ``None``: its kind's ``PER_TOKEN`` says."""
+    return type(envoy).PER_TOKEN.reason(envoy)
