@@ -6,7 +6,7 @@ and within a chunk its recurrence steps token by token. These helpers turn a ``p
 argument into the sorted positions to compute (``select_positions``), name the chunks whose start
 state is needed (``asked_chunks``), and step those chunks together, writing each asked state
 into the result once (``write_chunk_states``), so a few positions of a long call never hold
-every state of it.
+every state of it. ``nnterp.recurrence.ChunkedRecurrence`` puts them together around a family's math.
 """
 
 from __future__ import annotations

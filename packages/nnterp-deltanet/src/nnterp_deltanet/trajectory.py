@@ -18,23 +18,24 @@ values, betas and gates only. Every state in the chunk then follows from ``S_0``
 
     S_t = exp(G_t) * S_0 + sum_{j <= t} (exp(G_t - G_j) * k_j) delta_j^T
 
-The UT solve runs for every chunk at once. The chunk's end state (the sum above at its last
-position, one matrix product) is the next chunk's start, so a loop over chunks (not tokens)
-carries the state, a few operations per chunk. With the start states and the corrections known,
-the sum above is a rank-one update per token, ``S_t = exp(g_t) * S_{t-1} + k_t delta_t^T``, and
-``nnterp.positions.write_chunk_states`` steps every asked chunk through it at once: at most a
-chunk's length of steps, whatever the call's length, each state copied into the result once.
-Every exponent is ``G_t - G_j`` with ``j <= t``, ``G_t`` or ``g_t``, so no exp of a positive
-number is taken.
+The UT solve runs for every chunk at once. A loop over chunks (not tokens) then carries the
+state, a few operations per chunk: the chunk's corrections from its start state, and its end
+state (the sum above at its last position, one matrix product), the next chunk's start. With the
+start states and the corrections known, the sum above is a rank-one update per token,
+``S_t = exp(g_t) * S_{t-1} + k_t delta_t^T``, through which every asked chunk steps at once: at
+most a chunk's length of steps, whatever the call's length, each state copied into the result
+once. ``nnterp.recurrence.ChunkedRecurrence`` runs the loop and the steps; ``_DeltaRule``
+supplies this math. Every exponent is ``G_t - G_j`` with ``j <= t``, ``G_t`` or ``g_t``, so no
+exp of a positive number is taken.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from nnterp.positions import Positions, asked_chunks, rank_one_steps, select_positions, write_chunk_states
+from nnterp.positions import Advance, Positions, rank_one_steps
+from nnterp.recurrence import ChunkedRecurrence
 
 
 def delta_rule_states(
@@ -67,103 +68,90 @@ def delta_rule_states(
     output does, unless ``dtype`` says otherwise. Equal to the token-by-token kernel's states to
     float32 rounding.
     """
-    batch, seq_len, key_heads, key_dim = key.shape
-    heads, value_dim = value.shape[-2:]
+    key_heads, heads = key.shape[2], value.shape[-2]
     if heads % key_heads:
         raise ValueError(
             f"value has {heads} heads and key {key_heads}: the kernel repeats each key head over "
             f"{heads} // {key_heads} value heads, so the value heads must be a multiple of the key heads"
         )
-    needed, order, single = select_positions(positions, seq_len)
-    states = torch.empty(batch, len(needed), heads, key_dim, value_dim, dtype=dtype or query.dtype, device=value.device)
-    if len(needed):
-        _fill_states(states, needed, key, value, g, beta, initial_state, use_qk_l2norm, chunk_size)
-    if order is not None:
-        states = states[:, order]
-    return states[:, 0] if single else states
-
-
-def _fill_states(
-    states: Tensor,
-    needed: Tensor,
-    key: Tensor,
-    value: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    initial_state: Tensor | None,
-    use_qk_l2norm: bool,
-    chunk_size: int,
-) -> None:
-    """Write the state after each of ``needed`` (sorted, distinct) into ``states[:, i]``."""
-    batch, _, heads, key_dim, value_dim = states.shape
-    device = key.device
-    end = int(needed[-1]) + 1  # later tokens cannot change an earlier state
-    pad = -end % chunk_size
-    chunks = (end + pad) // chunk_size
-
-    key = key[:, :end].repeat_interleave(heads // key.shape[2], dim=2)
-    key = key.transpose(1, 2).float()
-    if use_qk_l2norm:
-        key = key * torch.rsqrt((key * key).sum(-1, keepdim=True) + 1e-6)
-    per_channel = g.dim() == 4
-    # [batch, heads, seq, gates]: one gate per head, or one per key channel
-    gate = g[:, :end].float().transpose(1, 2)
-    gate = gate if per_channel else gate.unsqueeze(-1)
-    beta = beta[:, :end].float().transpose(1, 2).unsqueeze(-1)
-    value = value[:, :end].float().transpose(1, 2)
-    # [batch, heads, chunks, chunk, ...]. Padding tokens have a zero key, beta and log decay: they
-    # leave the state as it is.
-    key, value, beta, gate = (
-        F.pad(tensor, (0, 0, 0, pad)).unflatten(2, (chunks, chunk_size)) for tensor in (key, value, beta, gate)
+    return _DeltaRule(key, value, g, beta, initial_state, use_qk_l2norm, chunk_size, dtype or query.dtype).states(
+        positions
     )
-    cumulative = gate.cumsum(dim=3)
-    key_beta = key * beta
-    later = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=device).triu(1)
 
-    # The UT transform of every chunk in one triangular solve: its right side holds the chunk's
-    # corrections from a zero start state, and the map from the start state to what they lose.
-    solved = torch.linalg.solve_triangular(
-        _ut_system(key, key_beta, cumulative, later),
-        torch.cat([value * beta, key_beta * cumulative.exp()], dim=-1),
-        upper=False,
-        unitriangular=True,
-    )
-    from_zero, start_read = solved[..., :value_dim], solved[..., value_dim:]
-    last = cumulative[:, :, :, -1:]  # [batch, heads, chunks, 1, gates]
-    chunk_decay = last.exp().transpose(-1, -2)
-    end_keys = (key * (last - cumulative).exp()).transpose(-1, -2)
 
-    asked = asked_chunks(needed, chunk_size)
-    holds_asked = set(asked.tolist())
-    state = (
-        torch.zeros(batch, heads, key_dim, value_dim, device=device) if initial_state is None else initial_state.float()
-    )
-    starts, asked_corrections = [], []
-    for chunk in range(chunks):
-        corrections = from_zero[:, :, chunk] - start_read[:, :, chunk] @ state
-        if chunk in holds_asked:
-            starts.append(state)
-            asked_corrections.append(corrections)
-        if chunk + 1 < chunks:
-            state = chunk_decay[:, :, chunk] * state + end_keys[:, :, chunk] @ corrections
+class _DeltaRule(ChunkedRecurrence):
+    """One delta-rule kernel call as a chunked recurrence: its state ``[batch, heads, key_dim, value_dim]``."""
 
-    # Within a chunk each token decays the state by its gate and writes its key times its correction.
-    asked = asked.to(device)
+    def __init__(
+        self,
+        key: Tensor,
+        value: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        initial_state: Tensor | None,
+        use_qk_l2norm: bool,
+        chunk_size: int,
+        dtype: torch.dtype,
+    ) -> None:
+        batch, seq_len, _, key_dim = key.shape
+        heads, value_dim = value.shape[-2:]
+        super().__init__(seq_len, (batch, heads, key_dim, value_dim), initial_state, chunk_size, dtype, value.device)
+        self.key, self.value, self.g, self.beta = key, value, g, beta
+        self.use_qk_l2norm = use_qk_l2norm
 
-    def per_token(tensor: Tensor) -> Tensor:  # [batch, heads, chunks, chunk, n] -> [batch, asked, chunk, heads, n]
-        return tensor[:, :, asked].permute(0, 2, 3, 1, 4)
+    def lay_out(self, end: int) -> None:
+        """Keys and gates ``[batch, heads, chunks, chunk, ...]``, and each chunk's UT transform, solved for all at once."""
+        heads, value_dim = self.shape[1], self.shape[3]
+        key = self.key[:, :end].repeat_interleave(heads // self.key.shape[2], dim=2)
+        key = key.transpose(1, 2).float()
+        if self.use_qk_l2norm:
+            key = key * torch.rsqrt((key * key).sum(-1, keepdim=True) + 1e-6)
+        per_channel = self.g.dim() == 4
+        # [batch, heads, seq, gates]: one gate per head, or one per key channel
+        gate = self.g[:, :end].float().transpose(1, 2)
+        gate = gate if per_channel else gate.unsqueeze(-1)
+        beta = self.beta[:, :end].float().transpose(1, 2).unsqueeze(-1)
+        value = self.value[:, :end].float().transpose(1, 2)
+        # [batch, heads, chunks, chunk, ...]. Padding tokens have a zero key, beta and log decay: they
+        # leave the state as it is.
+        key, value, beta, gate = (self.in_chunks(tensor, 2) for tensor in (key, value, beta, gate))
+        cumulative = gate.cumsum(dim=3)
+        key_beta = key * beta
+        later = torch.ones(self.chunk_size, self.chunk_size, dtype=torch.bool, device=key.device).triu(1)
 
-    write_chunk_states(
-        states,
-        needed,
-        chunk_size,
-        torch.stack(starts, dim=1),
-        rank_one_steps(
-            per_token(gate).exp().unsqueeze(-1),
-            per_token(key).unsqueeze(-1),
-            torch.stack(asked_corrections, dim=1).transpose(2, 3).unsqueeze(-2),
-        ),
-    )
+        # The UT transform of every chunk in one triangular solve: its right side holds the chunk's
+        # corrections from a zero start state, and the map from the start state to what they lose.
+        solved = torch.linalg.solve_triangular(
+            _ut_system(key, key_beta, cumulative, later),
+            torch.cat([value * beta, key_beta * cumulative.exp()], dim=-1),
+            upper=False,
+            unitriangular=True,
+        )
+        self.from_zero, self.start_read = solved[..., :value_dim], solved[..., value_dim:]
+        last = cumulative[:, :, :, -1:]  # [batch, heads, chunks, 1, gates]
+        self.chunk_decay = last.exp().transpose(-1, -2)
+        self.end_keys = (key * (last - cumulative).exp()).transpose(-1, -2)
+        self.keys, self.gates = key, gate
+
+    def writes(self, start: Tensor, chunk: int) -> Tensor:
+        """The chunk's corrections ``delta = U - W S_0``, ``[batch, heads, chunk, value_dim]``."""
+        return self.from_zero[:, :, chunk] - self.start_read[:, :, chunk] @ start
+
+    def carry(self, start: Tensor, chunk: int, writes: Tensor) -> Tensor:
+        """``S_end = exp(G_last) * S_0 + sum_j (exp(G_last - G_j) * k_j) delta_j^T``."""
+        return self.chunk_decay[:, :, chunk] * start + self.end_keys[:, :, chunk] @ writes
+
+    def steps(self, asked: Tensor, writes: list[Tensor]) -> Advance:
+        """Each token decays the state by its gate and writes its key times its correction."""
+
+        def per_token(tensor: Tensor) -> Tensor:  # [batch, heads, chunks, chunk, n] -> [batch, asked, chunk, heads, n]
+            return tensor[:, :, asked].permute(0, 2, 3, 1, 4)
+
+        return rank_one_steps(
+            per_token(self.gates).exp().unsqueeze(-1),
+            per_token(self.keys).unsqueeze(-1),
+            torch.stack(writes, dim=1).transpose(2, 3).unsqueeze(-2),
+        )
 
 
 def _pairwise_decay(rows: Tensor, columns: Tensor, after: Tensor) -> Tensor:

@@ -15,8 +15,9 @@ dimensions, so it is a first-order linear recurrence, solved by a blocked scan i
    advances every chunk by one token) leaves each chunk's own contribution to its end state;
 2. a loop over chunks carries the state across them: ``h_end = exp(A * sum(dt)) * h_start + own``;
 3. the chunks holding asked positions, at once, from their start states: a second pass over the
-   offsets, up to the furthest asked one, gives the asked states
-   (``nnterp.positions.write_chunk_states``).
+   offsets, up to the furthest asked one, gives the asked states.
+
+``nnterp.recurrence.ChunkedRecurrence`` runs passes 2 and 3; ``_SelectiveScan`` supplies the math.
 
 Python loops ``2 * chunk_size + seq / chunk_size`` times, each step over a whole tensor. Each decay
 is ``exp`` of a product of a non-negative step and a non-positive ``A``, never of a sum that can
@@ -29,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nnterp.positions import Advance, Positions, asked_chunks, select_positions, write_chunk_states
+from nnterp.positions import Advance, Positions
+from nnterp.recurrence import ChunkedRecurrence
 
 
 def selective_scan_states(
@@ -59,82 +61,70 @@ def selective_scan_states(
     only those are computed. The result has ``x``'s dtype unless ``dtype`` says otherwise. Equal to
     the scan's token loop to float32 rounding.
     """
-    batch, channels, seq_len = x.shape
-    needed, order, single = select_positions(positions, seq_len)
-    states = torch.empty(batch, len(needed), channels, A.shape[-1], dtype=dtype or x.dtype, device=x.device)
-    if len(needed):
-        _fill_states(states, needed, x, dt, A, B, initial_state, dt_bias, softplus, chunk_size)
-    if order is not None:
-        states = states[:, order]
-    return states[:, 0] if single else states
+    return _SelectiveScan(x, dt, A, B, initial_state, dt_bias, softplus, chunk_size, dtype or x.dtype).states(positions)
 
 
-def _fill_states(
-    states: Tensor,
-    needed: Tensor,
-    x: Tensor,
-    dt: Tensor,
-    A: Tensor,
-    B: Tensor,
-    initial_state: Tensor | None,
-    dt_bias: Tensor | None,
-    softplus: bool,
-    chunk_size: int,
-) -> None:
-    """Write the state after each of ``needed`` (sorted, distinct) into ``states[:, i]``."""
-    batch, _, channels, state_dim = states.shape
-    end = int(needed[-1]) + 1  # later tokens cannot change an earlier state
-    pad = -end % chunk_size
-    chunks = (end + pad) // chunk_size
+class _SelectiveScan(ChunkedRecurrence):
+    """One Mamba-1 scan call as a chunked recurrence: its state ``[batch, channels, state_dim]``."""
 
-    dt = dt[..., :end]
-    if dt_bias is not None:
-        dt = dt + dt_bias.to(dt.dtype)[..., None]
-    if softplus:
-        dt = F.softplus(dt)
-    step = dt.float()
-    written = step * x[..., :end].float()
-    # [batch, chunks, chunk, channels] and B as [batch, chunks, chunk, state_dim], laid out so in memory: offset o
-    # of every chunk is one slice with its channels contiguous (a third faster than the channel-first views).
-    # Padding tokens have a zero step: no decay and no write.
-    step, written, keys = (
-        F.pad(tensor, (0, pad)).unflatten(-1, (chunks, chunk_size)).permute(0, 2, 3, 1).contiguous()
-        for tensor in (step, written, B[..., :end].float())
-    )
-    rate = A.float()  # [channels, state_dim]
+    def __init__(
+        self,
+        x: Tensor,
+        dt: Tensor,
+        A: Tensor,
+        B: Tensor,
+        initial_state: Tensor | None,
+        dt_bias: Tensor | None,
+        softplus: bool,
+        chunk_size: int,
+        dtype: torch.dtype,
+    ) -> None:
+        batch, channels, seq_len = x.shape
+        super().__init__(seq_len, (batch, channels, A.shape[-1]), initial_state, chunk_size, dtype, x.device)
+        self.x, self.dt, self.B, self.dt_bias, self.softplus = x, dt, B, dt_bias, softplus
+        self.rate = A.float()  # [channels, state_dim]
 
-    def scan(step: Tensor, written: Tensor, keys: Tensor) -> Advance:
+    def lay_out(self, end: int) -> None:
+        """Steps, writes ``dt x`` and keys ``B`` by chunk, and pass 1: what each chunk but the last adds to the state."""
+        dt = self.dt[..., :end]
+        if self.dt_bias is not None:
+            dt = dt + self.dt_bias.to(dt.dtype)[..., None]
+        if self.softplus:
+            dt = F.softplus(dt)
+        step = dt.float()
+        written = step * self.x[..., :end].float()
+        # [batch, chunks, chunk, channels] and B as [batch, chunks, chunk, state_dim], laid out so in memory: offset o
+        # of every chunk is one slice with its channels contiguous (a third faster than the channel-first views).
+        # Padding tokens have a zero step: no decay and no write.
+        self.step, self.written, self.keys = (
+            self.in_chunks(tensor, -1).permute(0, 2, 3, 1).contiguous()
+            for tensor in (step, written, self.B[..., :end].float())
+        )
+
+        # 1. every chunk but the last, from zero: what it adds to the state by its end
+        batch, chunks = self.step.shape[:2]
+        before_last = slice(0, chunks - 1)
+        self.own = torch.zeros(batch, chunks - 1, *self.shape[1:], device=self.device)
+        every_chunk = self._scan(self.step, self.written, self.keys)
+        for offset in range(self.chunk_size if chunks > 1 else 0):
+            every_chunk(self.own, before_last, offset)
+        self.chunk_decay = torch.exp(self.step[:, before_last].sum(2).unsqueeze(-1) * self.rate)
+
+    def carry(self, start: Tensor, chunk: int, writes: None) -> Tensor:
+        """2. across chunks: ``h_end = exp(A * sum(dt)) * h_start + own``."""
+        return self.chunk_decay[:, chunk] * start + self.own[:, chunk]
+
+    def steps(self, asked: Tensor, writes: list[None]) -> Advance:
+        """3. the asked chunks, from their start states."""
+        return self._scan(self.step[:, asked], self.written[:, asked], self.keys[:, asked])
+
+    def _scan(self, step: Tensor, written: Tensor, keys: Tensor) -> Advance:
         """One token of every chosen chunk, in place: decayed by exp(dt A), plus dt x B."""
 
         def advance(running: Tensor, chunks: slice, offset: int) -> None:
-            decay = torch.exp(step[:, chunks, offset].unsqueeze(-1) * rate)
+            decay = torch.exp(step[:, chunks, offset].unsqueeze(-1) * self.rate)
             running.mul_(decay).addcmul_(
                 written[:, chunks, offset].unsqueeze(-1), keys[:, chunks, offset].unsqueeze(-2)
             )
 
         return advance
-
-    # 1. every chunk but the last, from zero: what it adds to the state by its end
-    before_last = slice(0, chunks - 1)
-    own = torch.zeros(batch, chunks - 1, channels, state_dim, device=x.device)
-    every_chunk = scan(step, written, keys)
-    for offset in range(chunk_size if chunks > 1 else 0):
-        every_chunk(own, before_last, offset)
-    chunk_decay = torch.exp(step[:, before_last].sum(2).unsqueeze(-1) * rate)
-
-    # 2. across chunks: the start state of each chunk holding an asked position
-    asked = asked_chunks(needed, chunk_size)
-    holds_asked = set(asked.tolist())
-    state = torch.zeros(batch, channels, state_dim, device=x.device) if initial_state is None else initial_state.float()
-    starts = []
-    for chunk in range(chunks):
-        if chunk in holds_asked:
-            starts.append(state)
-        if chunk + 1 < chunks:
-            state = chunk_decay[:, chunk] * state + own[:, chunk]
-
-    # 3. the asked chunks, from their start states, up to the furthest asked offset
-    asked = asked.to(x.device)
-    write_chunk_states(
-        states, needed, chunk_size, torch.stack(starts, dim=1), scan(step[:, asked], written[:, asked], keys[:, asked])
-    )

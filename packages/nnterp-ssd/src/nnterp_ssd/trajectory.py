@@ -16,10 +16,11 @@ falling), every state in the chunk follows from the chunk's start state::
 
 Each chunk's own contribution to its end state comes from every chunk at once (one matrix
 product); a loop over chunks (not tokens), one operation per chunk, carries the state across
-them. Then ``nnterp.positions.write_chunk_states`` steps every asked chunk from its start state
-through the per-token update above at once: at most a chunk's length of steps, whatever the
-call's length, each state copied into the result once. Every exponent is ``G_t - G_j`` with
-``j <= t``, ``G_t`` or ``dt_t A``, so no exp of a positive number is taken.
+them. Then every asked chunk steps from its start state through the per-token update above at
+once: at most a chunk's length of steps, whatever the call's length, each state copied into the
+result once. ``nnterp.recurrence.ChunkedRecurrence`` runs the loop and the steps; ``_SSDScan``
+supplies this math. Every exponent is ``G_t - G_j`` with ``j <= t``, ``G_t`` or ``dt_t A``, so
+no exp of a positive number is taken.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nnterp.positions import Positions, asked_chunks, rank_one_steps, select_positions, write_chunk_states
+from nnterp.positions import Advance, Positions, rank_one_steps
+from nnterp.recurrence import ChunkedRecurrence
 
 
 def ssd_states(
@@ -62,93 +64,75 @@ def ssd_states(
     state per chunk. The result has ``hidden_states``' dtype unless ``dtype`` says otherwise.
     Equal to the token-by-token recurrence to float32 rounding.
     """
-    batch, seq_len, heads, head_dim = hidden_states.shape
-    needed, order, single = select_positions(positions, seq_len)
-    states = torch.empty(
-        batch,
-        len(needed),
-        heads,
-        B.shape[-1],
-        head_dim,
-        dtype=dtype or hidden_states.dtype,
-        device=hidden_states.device,
-    )
-    if len(needed):
-        _fill_states(states, needed, hidden_states, dt, A, B, initial_state, dt_bias, softplus, dt_limit, chunk_size)
-    if order is not None:
-        states = states[:, order]
-    return states[:, 0] if single else states
+    return _SSDScan(
+        hidden_states, dt, A, B, initial_state, dt_bias, softplus, dt_limit, chunk_size, dtype or hidden_states.dtype
+    ).states(positions)
 
 
-def _fill_states(
-    states: Tensor,
-    needed: Tensor,
-    hidden_states: Tensor,
-    dt: Tensor,
-    A: Tensor,
-    B: Tensor,
-    initial_state: Tensor | None,
-    dt_bias: Tensor | None,
-    softplus: bool,
-    dt_limit: tuple[float, float],
-    chunk_size: int,
-) -> None:
-    """Write the state after each of ``needed`` (sorted, distinct) into ``states[:, i]``."""
-    batch, _, heads, state_dim, head_dim = states.shape
-    device = hidden_states.device
-    end = int(needed[-1]) + 1  # later tokens cannot change an earlier state
-    pad = -end % chunk_size
-    chunks = (end + pad) // chunk_size
+class _SSDScan(ChunkedRecurrence):
+    """One Mamba-2 scan call as a chunked recurrence: its state ``[batch, heads, state_dim, head_dim]``."""
 
-    dt = dt[:, :end]
-    if dt_bias is not None:
-        dt = dt + dt_bias.to(dt.dtype)
-    if softplus:
-        dt = F.softplus(dt)
-    step = torch.clamp(dt, min=dt_limit[0], max=dt_limit[1]).float()
-    written = (hidden_states[:, :end].float() * step.unsqueeze(-1)).transpose(1, 2)
-    log_decay = (A.float() * step).transpose(1, 2)
-    # [batch, heads, chunks, chunk, head_dim], [batch, heads, chunks, chunk], and B as
-    # [batch, heads, chunks, chunk, state_dim] (each group repeated over its heads). Padding
-    # tokens have a zero step: no decay and no write.
-    written = F.pad(written, (0, 0, 0, pad)).unflatten(2, (chunks, chunk_size))
-    log_decay = F.pad(log_decay, (0, pad)).unflatten(2, (chunks, chunk_size))
-    cumulative = log_decay.cumsum(-1)
-    keys = F.pad(B[:, :end].float().transpose(1, 2), (0, 0, 0, pad)).unflatten(2, (chunks, chunk_size))
-    keys = keys.repeat_interleave(heads // B.shape[2], dim=1)
-    last = cumulative[..., -1:]
-    chunk_decay = last.exp().unsqueeze(-1)  # [batch, heads, chunks, 1, 1]
-    # each chunk's end state from a zero start
-    own = keys.transpose(-1, -2) @ ((last - cumulative).exp().unsqueeze(-1) * written)
+    def __init__(
+        self,
+        hidden_states: Tensor,
+        dt: Tensor,
+        A: Tensor,
+        B: Tensor,
+        initial_state: Tensor | None,
+        dt_bias: Tensor | None,
+        softplus: bool,
+        dt_limit: tuple[float, float],
+        chunk_size: int,
+        dtype: torch.dtype,
+    ) -> None:
+        batch, seq_len, heads, head_dim = hidden_states.shape
+        super().__init__(
+            seq_len,
+            (batch, heads, B.shape[-1], head_dim),
+            None if initial_state is None else initial_state.transpose(-1, -2),
+            chunk_size,
+            dtype,
+            hidden_states.device,
+        )
+        self.hidden_states, self.dt, self.A, self.B = hidden_states, dt, A, B
+        self.dt_bias, self.softplus, self.dt_limit = dt_bias, softplus, dt_limit
 
-    asked = asked_chunks(needed, chunk_size)
-    holds_asked = set(asked.tolist())
-    state = (
-        torch.zeros(batch, heads, state_dim, head_dim, device=device)
-        if initial_state is None
-        else initial_state.float().transpose(-1, -2)
-    )
-    starts = []
-    for chunk in range(chunks):
-        if chunk in holds_asked:
-            starts.append(state)
-        if chunk + 1 < chunks:
-            state = torch.addcmul(own[:, :, chunk], chunk_decay[:, :, chunk], state)
+    def lay_out(self, end: int) -> None:
+        """Log decays, writes ``dt x`` and keys ``B`` by chunk, and each chunk's end state from a zero start."""
+        dt = self.dt[:, :end]
+        if self.dt_bias is not None:
+            dt = dt + self.dt_bias.to(dt.dtype)
+        if self.softplus:
+            dt = F.softplus(dt)
+        step = torch.clamp(dt, min=self.dt_limit[0], max=self.dt_limit[1]).float()
+        written = (self.hidden_states[:, :end].float() * step.unsqueeze(-1)).transpose(1, 2)
+        log_decay = (self.A.float() * step).transpose(1, 2)
+        # [batch, heads, chunks, chunk, head_dim], [batch, heads, chunks, chunk], and B as
+        # [batch, heads, chunks, chunk, state_dim] (each group repeated over its heads). Padding
+        # tokens have a zero step: no decay and no write.
+        self.written = self.in_chunks(written, 2)
+        self.log_decay = self.in_chunks(log_decay, 2)
+        cumulative = self.log_decay.cumsum(-1)
+        keys = self.in_chunks(self.B[:, :end].float().transpose(1, 2), 2)
+        self.keys = keys.repeat_interleave(self.shape[1] // self.B.shape[2], dim=1)
+        last = cumulative[..., -1:]
+        self.chunk_decay = last.exp().unsqueeze(-1)  # [batch, heads, chunks, 1, 1]
+        self.own = self.keys.transpose(-1, -2) @ ((last - cumulative).exp().unsqueeze(-1) * self.written)
 
-    # Within a chunk each token decays the state by exp(dt A) and writes B times dt x.
-    asked = asked.to(device)
+    def carry(self, start: Tensor, chunk: int, writes: None) -> Tensor:
+        """``h_end = exp(G_last) h_0 + own``."""
+        return torch.addcmul(self.own[:, :, chunk], self.chunk_decay[:, :, chunk], start)
 
-    def per_token(tensor: Tensor) -> Tensor:  # [batch, heads, chunks, chunk, ...] -> [batch, asked, chunk, heads, ...]
-        return tensor[:, :, asked].movedim(1, 3)
+    def steps(self, asked: Tensor, writes: list[None]) -> Advance:
+        """Each token decays the state by exp(dt A) and writes B times dt x."""
 
-    write_chunk_states(
-        states,
-        needed,
-        chunk_size,
-        torch.stack(starts, dim=1),
-        rank_one_steps(
-            per_token(log_decay).exp()[..., None, None],
-            per_token(keys).unsqueeze(-1),
-            per_token(written).unsqueeze(-2),
-        ),
-    )
+        def per_token(
+            tensor: Tensor,
+        ) -> Tensor:  # [batch, heads, chunks, chunk, ...] -> [batch, asked, chunk, heads, ...]
+            return tensor[:, :, asked].movedim(1, 3)
+
+        return rank_one_steps(
+            per_token(self.log_decay).exp()[..., None, None],
+            per_token(self.keys).unsqueeze(-1),
+            per_token(self.written).unsqueeze(-2),
+        )
