@@ -10,9 +10,10 @@ from typing import Any
 import torch
 
 from nnterp import EProperty
+from nnterp.components.call_order import RETURNED_TOGETHER
 from nnterp.components.kernels import ENTERING_STATE, KernelCall, argument, kernel, needs_torch_kernels
 from nnterp.components.per_token import TOKEN_LOOP
-from nnterp.components.recurrent import RETURNED_TOGETHER, RecurrentMixer
+from nnterp.components.recurrent import RecurrentMixer
 from nnterp.components.routing import route_kernels
 from nnterp.descriptor import ArgumentSelection, BoundArgument
 from nnterp.layouts import ChannelGates, Gates, LinearHeadOutputs, LinearQK, LinearV, State, States

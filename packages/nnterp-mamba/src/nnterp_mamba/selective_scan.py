@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels, per_call
+from nnterp.components.call_order import RETURNED_TOGETHER
 from nnterp.components.kernels import ENTERING_STATE, KernelCall, argument, kernel
 from nnterp.components.per_token import ScanLoop
-from nnterp.components.recurrent import RETURNED_TOGETHER
 from nnterp.layouts import ScanDecays, ScanQK, ScanState, ScanStates, ScanSteps, ScanValues
 from nnterp.order import standard_path
 from nnterp.positions import Positions

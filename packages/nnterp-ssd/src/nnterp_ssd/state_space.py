@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from nnterp import EProperty, Unavailable, unavailable
+from nnterp.components.call_order import RETURNED_TOGETHER
 from nnterp.components.kernels import ENTERING_STATE, KernelCall, argument, kernel, needs_torch_kernels
 from nnterp.components.per_token import ChunkBoundaries
-from nnterp.components.recurrent import RETURNED_TOGETHER, RecurrentMixer
+from nnterp.components.recurrent import RecurrentMixer
 from nnterp.descriptor import resolve
 from nnterp.layouts import Gates, SSDHeadOutputs, SSDKeys, SSDQueries, SSDState, SSDStates, SSDValues
 from nnterp.order import standard_path

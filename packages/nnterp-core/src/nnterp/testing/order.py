@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..components.recurrent import RECOMPUTED, TAUGHT_ORDER
+from ..components.call_order import RECOMPUTED, TAUGHT_ORDER
 from ..order import OrderError
 from .suites import PROMPT, Suite
 
