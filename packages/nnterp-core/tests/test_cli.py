@@ -1,8 +1,12 @@
+import dataclasses
 import importlib.metadata
 import io
+import json
 import subprocess
 import sys
 import types
+
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 import nnterp
 from nnterp import EProperty, Layer, cli
@@ -88,3 +92,77 @@ def test_support_of_a_model_directory(core_plugin, tmp_path):
 def test_support_of_a_path_that_is_not_a_model_exits_2(core_plugin, tmp_path, capsys):
     assert cli.main(["support", str(tmp_path / "missing")]) == 2
     assert "cannot load" in capsys.readouterr().err
+
+
+def test_coverage_lists_every_causal_lm_with_the_family_that_serves_it(core_plugin):
+    rows = nnterp.coverage()
+    assert [row.model_type for row in rows] == list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    olmo = next(row for row in rows if row.model_type == "olmo")
+    assert (olmo.family, olmo.plugin, olmo.served) == ("olmo", "core-tests", True)
+
+
+def test_coverage_follows_a_plugin_that_claims_a_model_type():
+    """A type no family serves is listed as such until a plugin claims it; then it names that plugin and family."""
+    claimed = types.ModuleType("claiming_plugin.families.xlnet_stand_in")
+    claimed.MODEL_TYPES = ("xlnet",)
+    claimed.ENVOYS, claimed.RENAME, claimed.TINY_CONFIG = {}, {}, {}
+
+    class Claiming:
+        @nnterp.hookimpl
+        def nnterp_families(self):
+            return [claimed]
+
+    def xlnet():
+        return next(row for row in nnterp.coverage() if row.model_type == "xlnet")
+
+    assert not xlnet().served
+    nnterp.REGISTRY.register(Claiming(), name="claiming")
+    try:
+        row = xlnet()
+    finally:
+        nnterp.REGISTRY.unregister("claiming")
+    assert (row.family, row.plugin, row.served) == ("xlnet_stand_in", "claiming", True)
+
+
+def test_coverage_finds_the_recurrent_kernels_a_modeling_module_declares():
+    kernels = {row.model_type: row.recurrent_kernels for row in nnterp.coverage()}
+    assert {"selective_scan_fn", "selective_state_update"} <= set(kernels["mamba"])
+    assert {"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"} <= set(kernels["qwen3_next"])
+    assert "mamba_chunk_scan_combined" in kernels["mamba2"]
+    # a softmax-attention model, and one whose only hub kernels are convolutions, declare none
+    assert kernels["llama"] == ()
+
+
+def test_coverage_command_prints_a_line_per_type_and_a_summary_that_adds_up(core_plugin):
+    out = io.StringIO()
+    assert cli.coverage(out, as_json=False, run_checks=False) == 0
+    *lines, summary = out.getvalue().splitlines()
+    rows = nnterp.coverage()
+    assert [line.split()[0] for line in lines] == [row.model_type for row in rows]
+    recurrent = [row for row in rows if row.recurrent_kernels]
+    assert summary == (
+        f"{sum(row.served for row in rows)} of {len(rows)} causal-LM model types served; "
+        f"{sum(row.served for row in recurrent)} of the {len(recurrent)} with a recurrent kernel"
+    )
+    flagged = {line.split()[0] for line in lines if "NO FAMILY SERVES ITS RECURRENT KERNEL" in line}
+    assert flagged == {row.model_type for row in recurrent if not row.served}
+
+    out = io.StringIO()
+    assert cli.coverage(out, as_json=True, run_checks=False) == 0
+    assert json.loads(out.getvalue()) == [
+        {**dataclasses.asdict(row), "recurrent_kernels": list(row.recurrent_kernels), "served": row.served}
+        for row in rows
+    ]
+
+
+def test_coverage_check_runs_the_suites_of_every_serving_family_and_fails_with_them(core_plugin, monkeypatch):
+    checked = []
+
+    def failing_check(out, families):
+        checked.extend(families)
+        return 1
+
+    monkeypatch.setattr(cli, "check", failing_check)
+    assert cli.coverage(io.StringIO(), as_json=False, run_checks=True) == 1
+    assert checked == sorted({row.family for row in nnterp.coverage() if row.served})
+    assert "olmo" in checked

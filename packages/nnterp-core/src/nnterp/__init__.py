@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import families, layouts
+from .census import Coverage, coverage
 from .components.kernels import needs_torch_kernels
 from .components.layer import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, Layer
 from .components.mlp import Mlp
@@ -33,6 +34,7 @@ from .transformer import StandardizedTransformer
 __version__ = "0.1.0"
 
 __all__ = [
+    "Coverage",
     "DerivedEProperty",
     "EProperty",
     "Layer",
@@ -53,6 +55,7 @@ __all__ = [
     "axis_size",
     "blocks_support",
     "contribution",
+    "coverage",
     "families",
     "hookimpl",
     "hookspec",

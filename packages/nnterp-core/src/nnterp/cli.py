@@ -3,11 +3,16 @@
 nnterp plugins              every plugin, its distribution, families and model types, and any that failed
 nnterp support [MODEL]      the support table of MODEL (hub id or directory), or of every family's tiny model
 nnterp check [FAMILY ...]   the conformance suites on each family's tiny model; exits 1 on any failure
+nnterp coverage [--json] [--check]
+                            which of the installed transformers' causal LMs a family serves, and the recurrent
+                            ones none does; --check runs the suites of the families that serve them
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 import traceback
 import unittest
@@ -154,6 +159,36 @@ def check(out: TextIO, names: list[str]) -> int:
     return 1 if failed else 0
 
 
+def coverage(out: TextIO, as_json: bool, run_checks: bool) -> int:
+    """Print the census, a line per causal-LM model type and a summary; with ``run_checks``, then ``check`` the
+    families that serve them (exit 1 on a failure)."""
+    from .census import coverage as census
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a plugin that fails to import is reported by `nnterp plugins`
+        rows = census()
+    if as_json:
+        json.dump([dataclasses.asdict(row) | {"served": row.served} for row in rows], out, indent=1)
+        out.write("\n")
+    else:
+        width = max(len(row.model_type) for row in rows)
+        for row in rows:
+            where = f"served by {row.plugin}: {row.family}" if row.served else "not served"
+            kernels = f" (recurrent: {', '.join(row.recurrent_kernels)})" if row.recurrent_kernels else ""
+            lost = "; NO FAMILY SERVES ITS RECURRENT KERNEL" if row.recurrent_kernels and not row.served else ""
+            print(f"{row.model_type.ljust(width)}  {where}{kernels}{lost}", file=out)
+        recurrent = [row for row in rows if row.recurrent_kernels]
+        print(
+            f"{sum(row.served for row in rows)} of {len(rows)} causal-LM model types served; "
+            f"{sum(row.served for row in recurrent)} of the {len(recurrent)} with a recurrent kernel",
+            file=out,
+        )
+    if not run_checks:
+        return 0
+    families = sorted({row.family for row in rows if row.served})
+    return check(sys.stderr if as_json else out, families)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nnterp", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -164,12 +199,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     check_parser = commands.add_parser("check", help="run the conformance suites on each family's tiny model, offline")
     check_parser.add_argument("families", nargs="*", help="family names (default: every installed family)")
+    coverage_parser = commands.add_parser(
+        "coverage", help="which causal LMs of the installed transformers a family serves, offline"
+    )
+    coverage_parser.add_argument("--json", action="store_true", help="one object per model type, for machines")
+    coverage_parser.add_argument(
+        "--check", action="store_true", help="then run the suites of every family that serves one"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "plugins":
             return plugins(sys.stdout)
         if args.command == "support":
             return support(sys.stdout, args.model)
+        if args.command == "coverage":
+            return coverage(sys.stdout, args.json, args.check)
         return check(sys.stdout, args.families)
     except (PluginError, ValueError) as error:
         print(f"nnterp {args.command}: {error}", file=sys.stderr)
