@@ -6,7 +6,7 @@ import pytest
 
 import nnterp
 from nnterp import StandardizedTransformer, UnknownFamily, UnknownModelType
-from nnterp.registry import KNOWN_DISTRIBUTIONS, PluginError, Registry
+from nnterp.registry import KNOWN_DISTRIBUTIONS, PluginError, Registry, installed_families
 
 
 class Plugin:
@@ -132,3 +132,15 @@ def test_a_plugin_whose_hook_raises_is_reported_and_skipped(core_plugin, registe
     assert any(
         failure.name == "raising" and "nnterp_half_written" in failure.error for failure in nnterp.REGISTRY.failures
     )
+
+
+def test_installed_families_leaves_out_a_family_of_a_model_this_transformers_lacks(tmp_path, monkeypatch):
+    """A family of a later transformers' model is skipped on this one; a family's own missing import still raises."""
+    (tmp_path / "later_family.py").write_text("from transformers.models.a_model_of_a_later_release import modeling\n")
+    (tmp_path / "broken_family.py").write_text("import a_dependency_nobody_installed\n")
+    (tmp_path / "present_family.py").write_text("from transformers.models.llama import modeling_llama as MODELING\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = installed_families("later_family", "present_family")
+    assert [family.__name__ for family in found] == ["present_family"]
+    with pytest.raises(ModuleNotFoundError, match="a_dependency_nobody_installed"):
+        installed_families("broken_family")

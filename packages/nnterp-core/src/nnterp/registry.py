@@ -8,6 +8,7 @@ register a plugin object directly with :meth:`Registry.register`.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import warnings
 from collections.abc import Callable
@@ -252,3 +253,22 @@ def family_name(family: ModuleType) -> str:
 
 #: The process's registry.
 REGISTRY = Registry()
+
+
+def installed_families(*names: str) -> list[ModuleType]:
+    """The family modules ``names`` (dotted) whose transformers model the installed transformers has.
+
+    For a plugin's ``nnterp_families``: a family of a model added in a later
+    transformers release imports a modeling module an earlier release lacks.
+    It is left out there, so the plugin's other families keep working and
+    ``nnterp coverage`` shows the type as absent; any other import error is
+    raised, as a plugin's own bug should be.
+    """
+    families = []
+    for name in names:
+        try:
+            families.append(importlib.import_module(name))
+        except ModuleNotFoundError as error:
+            if not (error.name or "").startswith("transformers.models."):
+                raise
+    return families

@@ -1,6 +1,7 @@
 """The nnterp-deltanet plugin: gated-DeltaNet mixers and the hybrid families built on them."""
 
 import nnterp
+from nnterp.registry import installed_families
 
 from .families import kimi_linear, olmo_hybrid, qwen3_5_moe, qwen3_5_text, qwen3_next
 from .linear_attention import LinearAttention, route_delta_rule
@@ -8,7 +9,9 @@ from .linear_attention import LinearAttention, route_delta_rule
 
 @nnterp.hookimpl
 def nnterp_families():
-    return [qwen3_next, qwen3_5_text, qwen3_5_moe, olmo_hybrid, kimi_linear]
+    # Lara-mini ships from transformers 5.24
+    later = installed_families("nnterp_deltanet.families.lara_mini")
+    return [qwen3_next, qwen3_5_text, qwen3_5_moe, olmo_hybrid, kimi_linear, *later]
 
 
 @nnterp.hookimpl
