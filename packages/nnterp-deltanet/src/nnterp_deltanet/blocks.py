@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnterp import Layer, Mlp, Unavailable, unavailable
+from nnterp import Layer, Mlp, RecurrentMixer, Unavailable, unavailable
 
+#: Where ``SelfAttnMixerLayer`` keeps its ``self_attn`` child, served only when it is softmax attention.
+SELF_ATTN_CHILD = "_self_attn_child"
 #: The standard names of a block's sequence mixer; a hybrid's block has one of them.
 MIXERS = ("linear_attn", "self_attn")
 
@@ -43,6 +45,29 @@ class HybridLayer(Layer):
             f"following config.layer_types, and this one has {other}; pick the blocks outside the trace with "
             f"nnterp.testing.blocks_with(model, {name!r})"
         )
+
+
+class SelfAttnMixerLayer(HybridLayer):
+    """A hybrid block whose modeling code keeps either mixer at ``self_attn`` (Kimi-Linear, Bailing-Hybrid).
+
+    The family's ``RENAME`` serves the recurrent child as ``linear_attn``;
+    this block then serves ``self_attn`` only when it is softmax attention, so
+    ``self_attn`` means softmax attention on every family and the block's
+    contributions are counted once.
+    """
+
+    @property
+    def self_attn(self) -> Any:
+        """The block's softmax attention; a recurrent block has none: its mixer is ``linear_attn``."""
+        child = self.__dict__.get(SELF_ATTN_CHILD)
+        if child is None or isinstance(child, RecurrentMixer):
+            # An AttributeError hands the lookup to HybridLayer.__getattr__, which raises MissingMixer.
+            raise AttributeError("self_attn")
+        return child
+
+    @self_attn.setter
+    def self_attn(self, child: Any) -> None:
+        self.__dict__[SELF_ATTN_CHILD] = child
 
 
 class ExpertsMlp(Mlp):

@@ -9,8 +9,8 @@ from .linear_attention import LinearAttention, route_delta_rule
 
 @nnterp.hookimpl
 def nnterp_families():
-    # Lara-mini ships from transformers 5.24
-    later = installed_families("nnterp_deltanet.families.lara_mini")
+    # Bailing-Hybrid ships from transformers 5.20, Lara-mini from 5.24
+    later = installed_families("nnterp_deltanet.families.bailing_hybrid", "nnterp_deltanet.families.lara_mini")
     return [qwen3_next, qwen3_5_text, qwen3_5_moe, olmo_hybrid, kimi_linear, *later]
 
 

@@ -5,44 +5,16 @@ standardized to ``linear_attn``, so ``self_attn`` on a block always means
 softmax attention.
 """
 
-from typing import Any
-
 from transformers.models.kimi_linear import modeling_kimi_linear as MODELING
 
 from nnterp import Mlp
 from nnterp_attention import Attention
-from nnterp_deltanet.blocks import ExpertsMlp, HybridLayer
+from nnterp_deltanet.blocks import ExpertsMlp, SelfAttnMixerLayer
 from nnterp_deltanet.linear_attention import KimiDeltaAttention
-
-#: Where the block keeps its ``self_attn`` child, which the property below serves only when it is softmax attention.
-CHILD = "_kimi_self_attn"
-
-
-class KimiLayer(HybridLayer):
-    """A Kimi-Linear block, whose ``self_attn`` child is the delta attention on a KDA block.
-
-    That child is served as ``linear_attn`` only, so ``self_attn`` means
-    softmax attention on every family and the block's contributions are
-    counted once.
-    """
-
-    @property
-    def self_attn(self) -> Any:
-        """The block's softmax attention (MLA); a KDA block has none: its mixer is ``linear_attn``."""
-        child = self.__dict__.get(CHILD)
-        if child is None or isinstance(child, KimiDeltaAttention):
-            # An AttributeError hands the lookup to HybridLayer.__getattr__, which raises MissingMixer.
-            raise AttributeError("self_attn")
-        return child
-
-    @self_attn.setter
-    def self_attn(self, child: Any) -> None:
-        self.__dict__[CHILD] = child
-
 
 MODEL_TYPES = ("kimi_linear",)
 ENVOYS = {
-    MODELING.KimiLinearDecoderLayer: KimiLayer,
+    MODELING.KimiLinearDecoderLayer: SelfAttnMixerLayer,
     MODELING.KimiLinearDeltaAttention: KimiDeltaAttention,
     MODELING.KimiLinearAttention: Attention,
     MODELING.KimiLinearMoE: ExpertsMlp,
