@@ -3,6 +3,7 @@
 import importlib.metadata
 
 import pytest
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
 import nnterp
 from nnterp.registry import KNOWN_DISTRIBUTIONS, family_name
@@ -40,4 +41,6 @@ def test_known_distributions_are_all_provided_when_every_plugin_is_installed():
     if {info.distribution for info in official_plugins()} != set(OFFICIAL):
         pytest.skip("not every official plugin is installed")
     provided = {model_type for info in official_plugins() for f in info.families for model_type in f.MODEL_TYPES}
-    assert set(KNOWN_DISTRIBUTIONS) <= provided, set(KNOWN_DISTRIBUTIONS) - provided
+    # a model of a later transformers release is known, and left out where the installed one lacks it
+    known = set(KNOWN_DISTRIBUTIONS) & set(CONFIG_MAPPING_NAMES)
+    assert known <= provided, known - provided

@@ -29,7 +29,17 @@ KNOWN_DISTRIBUTIONS = {
         "nnterp-attention",
     ),
     **dict.fromkeys(
-        ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "olmo_hybrid", "kimi_linear"),
+        (
+            "qwen3_next",
+            "qwen3_5",
+            "qwen3_5_text",
+            "qwen3_5_moe",
+            "qwen3_5_moe_text",
+            "olmo_hybrid",
+            "kimi_linear",
+            "bailing_hybrid",
+            "lara_mini",
+        ),
         "nnterp-deltanet",
     ),
     **dict.fromkeys(("mamba", "falcon_mamba", "jamba"), "nnterp-mamba"),
