@@ -79,7 +79,7 @@ class LinearAttention(RecurrentMixer):
 
     Everything but ``attention_output`` is read at the delta-rule kernel call:
     transformers' chunked rule on a prompt, its token-by-token rule on a
-    decode step (``RecurrentMixer.KERNEL``). ``heads`` is the mixer's value
+    decode step (``RecurrentMixer.kernel_call``). ``heads`` is the mixer's value
     heads: queries and keys are served repeated up to it on every
     transformers version. The state after every token needs
     ``nnterp.route_kernels(model.family, "torch")`` (or

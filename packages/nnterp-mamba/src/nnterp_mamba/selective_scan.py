@@ -149,7 +149,7 @@ class SelectiveScan(RecurrentMixer):
 
     def _inside(self, operation: str) -> str:
         """The key of ``operation``, a binding inside the kernel that fires on this call."""
-        return f"{per_call(self, 'body', lambda: self.kernel_body(type(self).KERNEL(self)))}.{operation}.output"
+        return f"{per_call(self, 'body', lambda: self.kernel_body(self.kernel_call().label))}.{operation}.output"
 
     # -- the values --------------------------------------------------------------------
 

@@ -95,7 +95,7 @@ class StateSpace(RecurrentMixer):
 
     Everything but ``attention_output`` is read at the scan call: transformers'
     ``mamba2_chunk_scan`` on a prompt, its ``mamba2_selective_state_update``
-    on a decode step (``RecurrentMixer.KERNEL``), each call's arguments found
+    on a decode step (``RecurrentMixer.kernel_call``), each call's arguments found
     by its kernel's own signature. The update has no sequence axis: a decode
     step's values are served with a sequence axis of 1, removed again on
     assignment. The update writes the new state into the cache's buffer and

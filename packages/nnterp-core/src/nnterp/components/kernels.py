@@ -176,10 +176,10 @@ def needs_torch_kernels(envoy: "RecurrentMixer") -> str | None:
 
 
 def kernel(attribute: str) -> Callable[["RecurrentMixer"], str]:
-    """The key function of a value read at the kernel call: ``source.<KERNEL(envoy)>.<attribute>``."""
+    """The key function of a value read at the kernel call: ``source.<label of envoy.kernel_call()>.<attribute>``."""
 
     def key(envoy: "RecurrentMixer") -> str:
-        return f"source.{type(envoy).KERNEL(envoy)}.{attribute}"
+        return f"source.{envoy.kernel_call().label}.{attribute}"
 
     return key
 

@@ -42,9 +42,6 @@ class PerToken:
     #: Whether it takes ``route_kernels(family, "torch")``, process-wide and before a model's first trace; else a
     #: per-model switch (``enable``).
     routed: bool
-    #: Whether the state after each token is one occurrence of an operation, which ``state`` walks with
-    #: ``tracer.iter`` and ``set_state_after`` writes so that later tokens continue from it.
-    walks_tokens: bool
     #: What ``states`` says while the strategy is not in effect.
     hint: str
 
@@ -70,7 +67,6 @@ class TokenLoop(PerToken):
     """Per-token states from the decode kernel's token loop, to which routing sends the prompt too."""
 
     routed = True
-    walks_tokens = True
     hint = (
         "the state after each token is materialized only by the token-by-token kernel; the chunked kernel a "
         "prompt runs through carries it between chunks. Call nnterp.route_kernels(model.family, 'torch') before "
@@ -128,7 +124,6 @@ class ChunkBoundaries(PerToken):
 
     config: str = "chunk_size"
     routed = False
-    walks_tokens = False
     hint = (
         "the chunk scan materializes the state only at chunk boundaries, every {chunk} tokens "
         "(chunk_size={chunk}); call nnterp.chunk_per_token(model) to set every Mamba-2 mixer's chunk_size to 1, "

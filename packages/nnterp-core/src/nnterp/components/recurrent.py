@@ -7,7 +7,7 @@ state). Its values are the arguments and results of that call, so reaching them
 takes four things, one module each:
 
 - which kernel fires on this call of the mixer, decided by the forward's own
-  test, once per call (``RecurrentMixer.KERNEL``, :mod:`.per_call`);
+  test, once per call (``RecurrentMixer.kernel_call``, :mod:`.per_call`);
 - the kernel call itself, declared as a :class:`~.kernels.KernelCall` whose
   arguments are found by the kernel's own signature, and kernels with Python
   source to read inside: transformers' pure-torch ones (:mod:`.kernels`);
@@ -82,7 +82,7 @@ class RecurrentMixer(CallOrder, Sublayer):
       :class:`~nnterp.OrderError` before the worker waits; ``states`` read
       after the token loop passed are computed from the call's arguments.
 
-    ``KERNEL`` picks the call that fires on this call of the mixer, once per
+    ``kernel_call`` picks the call that fires on this call of the mixer, once per
     call, so the same values work in a trace and on every step of
     ``tracer.iter``. With ``PER_TOKEN`` in effect (``route_kernels(model.family,
     "torch")`` for a token loop), ``states`` and ``state_after`` reach every
@@ -111,19 +111,18 @@ class RecurrentMixer(CallOrder, Sublayer):
         """The mixer's two kernel calls: the prompt's and the decode step's."""
         return cls.PROMPT, cls.DECODE
 
-    @staticmethod
-    def KERNEL(envoy: "RecurrentMixer") -> str:
-        """The label of the kernel call that fires on this call of the mixer, decided once per call.
+    def kernel_call(self) -> KernelCall:
+        """The kernel call that fires on this call of the mixer (``PROMPT`` or ``DECODE``), decided once per call.
 
         The forward's own test: the token-by-token update for one token over a
         cached state, the prompt's kernel for everything else (several tokens
         over a cached state included). Bindings are read in the order the
         forward makes them, by source line.
         """
-        cls = type(envoy)
+        cls = type(self)
 
-        def choose() -> str:
-            source = envoy.source
+        def choose() -> KernelCall:
+            source = self.source
             lines = source.compiled.lines
             if cls.BRANCH in lines:
                 served = {}
@@ -132,21 +131,16 @@ class RecurrentMixer(CallOrder, Sublayer):
                 continues = bool(served[cls.BRANCH])
                 seq = served[cls.SEQ_OP].shape[1]
             else:
-                hidden, cache = forward_arguments(envoy.inputs)
+                hidden, cache = forward_arguments(self.inputs)
                 seq = hidden.shape[1]
                 continues = cache is not None and seq == 1 and getattr(source, cls.CACHED_STATE).output is not None
-            return (cls.DECODE if continues and seq == 1 else cls.PROMPT).label
+            return cls.DECODE if continues and seq == 1 else cls.PROMPT
 
-        return per_call(envoy, "kernel", choose)
+        return per_call(self, "kernel", choose)
 
     def decoding(self) -> bool:
         """Whether this call of the mixer is a decode step (the update over the cached state) rather than a prompt."""
-        cls = type(self)
-        return cls.KERNEL(self) == cls.DECODE.label
-
-    def kernel_call(self) -> KernelCall:
-        """The declaration of the kernel call that fires on this call of the mixer."""
-        return self.DECODE if self.decoding() else self.PROMPT
+        return self.kernel_call() is type(self).DECODE
 
     def argument(self, name: str, arguments: tuple[tuple, dict] | None = None) -> Any:
         """The argument ``name`` of the kernel call that fires (of ``arguments``, else of the call's recorded ones).
@@ -285,7 +279,7 @@ class RecurrentMixer(CallOrder, Sublayer):
 
     def _call_operation(self) -> Any:
         """The operation envoy of the kernel call that fires on this call of the mixer."""
-        return getattr(self.source, type(self).KERNEL(self))
+        return getattr(self.source, self.kernel_call().label)
 
     def kernel_body(self, label: str) -> str:
         """The path to the operations inside the body of kernel ``label``, for a key.
@@ -329,10 +323,10 @@ class RecurrentMixer(CallOrder, Sublayer):
         """
 
         def locate() -> tuple[Any, int, int]:
-            label = type(self).KERNEL(self)
-            call = getattr(self.source, label)
+            declared = self.kernel_call()
+            call = getattr(self.source, declared.label)
             args, kwargs = self.call_arguments()
-            name = self.kernel_call().token_state
+            name = declared.token_state
             first = Mediator.current(name).occurrence(f"{call.path}.source.{name}.output")
             return getattr(call.source, name), first, self._seq(args, kwargs)
 
