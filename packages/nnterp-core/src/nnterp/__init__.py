@@ -17,7 +17,7 @@ from typing import Any
 from . import families, layouts
 from .census import Coverage, coverage
 from .components.kernels import needs_torch_kernels
-from .components.layer import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, Layer
+from .components.layer import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, Layer, TupleLayer
 from .components.mlp import Mlp
 from .components.per_call import per_call, pinned
 from .components.per_token import needs_recurrent_routing
@@ -49,6 +49,7 @@ __all__ = [
     "Standard",
     "StandardizedTransformer",
     "Sublayer",
+    "TupleLayer",
     "Unavailable",
     "UnknownFamily",
     "UnknownModelType",

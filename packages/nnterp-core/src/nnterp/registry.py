@@ -25,7 +25,20 @@ ENTRY_POINT_GROUP = "nnterp"
 #: The distribution that handles a model_type, for the error raised when none installed does.
 KNOWN_DISTRIBUTIONS = {
     **dict.fromkeys(
-        ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "olmo2", "phi3", "gpt2", "gpt_neox"),
+        (
+            "llama",
+            "mistral",
+            "qwen2",
+            "qwen3",
+            "gemma2",
+            "gemma3_text",
+            "olmo2",
+            "phi3",
+            "gpt2",
+            "gpt_neox",
+            "bloom",
+            "mpt",
+        ),
         "nnterp-attention",
     ),
     **dict.fromkeys(

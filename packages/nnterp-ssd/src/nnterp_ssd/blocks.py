@@ -37,22 +37,6 @@ class NormMixerLayer(MixerLayer):
         return value
 
 
-class TupleLayer(Layer):
-    """A block whose forward returns a tuple, the hidden states first (Bamba, Falcon-H1).
-
-    ``skip`` hands the next block the same shape: the hidden states, then
-    ``None`` in the place of what else the block returns (attention weights
-    nothing downstream reads).
-    """
-
-    #: How many elements the block's forward returns.
-    RETURNED = 2
-
-    def skip(self, hidden: Any) -> None:
-        """Skip this block: it does not run, and ``hidden`` takes the place of its ``layer_output``, packed as the block packs it."""
-        super().skip((hidden, *([None] * (self.RETURNED - 1))))
-
-
 class SourcedLayer(Layer):
     """A block some of whose values are operations inside its own forward (a contribution scaled by a multiplier).
 

@@ -91,3 +91,19 @@ class Layer(Standard):
         Call it inside a trace, before the block runs.
         """
         super().skip(hidden)
+
+
+class TupleLayer(Layer):
+    """A block whose forward returns a tuple, the hidden states first (BLOOM, MPT, Bamba, Falcon-H1).
+
+    ``skip`` hands the next block the same shape: the hidden states, then
+    ``None`` in the place of what else the block returns (attention weights,
+    indexer choices: nothing the model's layer loop reads on).
+    """
+
+    #: How many elements the block's forward returns.
+    RETURNED = 2
+
+    def skip(self, hidden: Any) -> None:
+        """Skip this block: it does not run, and ``hidden`` takes the place of its ``layer_output``, packed as the block packs it."""
+        super().skip((hidden, *([None] * (self.RETURNED - 1))))

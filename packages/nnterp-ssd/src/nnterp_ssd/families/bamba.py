@@ -2,10 +2,9 @@
 
 from transformers.models.bamba import modeling_bamba as MODELING
 
-from nnterp import Mlp
+from nnterp import Mlp, TupleLayer
 from nnterp.components.per_token import ChunkBoundaries
 from nnterp_attention import Attention
-from nnterp_ssd.blocks import TupleLayer
 from nnterp_ssd.state_space import StateSpace
 
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from transformers.models.falcon_h1 import modeling_falcon_h1 as MODELING
 
-from nnterp import Mlp
+from nnterp import Mlp, TupleLayer
 from nnterp.components.per_token import ChunkBoundaries
 from nnterp_attention import Attention
-from nnterp_ssd.blocks import SourcedLayer, TupleLayer
+from nnterp_ssd.blocks import SourcedLayer
 from nnterp_ssd.state_space import StateSpace
 
 
