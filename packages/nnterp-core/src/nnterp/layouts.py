@@ -31,8 +31,11 @@ VALUE_DIM = "value_dim"
 STATE_DIM = "state_dim"
 CHANNELS = "channels"
 GROUPS = "groups"
+STREAMS = "streams"
 
 Residual = Float[Tensor, f"{BATCH} {SEQ} {HIDDEN}"]
+# A hyper-connection block's residual: several streams side by side, and what a sublayer adds into them.
+Streams = Float[Tensor, f"{BATCH} {SEQ} {STREAMS} {HIDDEN}"]
 Neurons = Float[Tensor, f"{BATCH} {SEQ} {INTERMEDIATE}"]
 Logits = Float[Tensor, f"{BATCH} {SEQ} {VOCAB}"]
 Probabilities = Float[Tensor, f"{BATCH} {VOCAB}"]

@@ -52,6 +52,8 @@ KNOWN_DISTRIBUTIONS = {
             "kimi_linear",
             "bailing_hybrid",
             "lara_mini",
+            "qwen4_exp",
+            "qwen4_exp_text",
         ),
         "nnterp-deltanet",
     ),

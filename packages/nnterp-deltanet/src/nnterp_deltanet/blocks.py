@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from operator import attrgetter
+from typing import Any, ClassVar
 
-from nnterp import Layer, Mlp, RecurrentMixer, Unavailable, unavailable
+import torch
+
+from nnterp import EProperty, Layer, Mlp, RecurrentMixer, Sublayer, Unavailable, axis_size, unavailable
+from nnterp.layouts import STREAMS, Residual, Streams
 
 #: Where ``SelfAttnMixerLayer`` keeps its ``self_attn`` child, served only when it is softmax attention.
 SELF_ATTN_CHILD = "_self_attn_child"
@@ -68,6 +72,127 @@ class SelfAttnMixerLayer(HybridLayer):
     @self_attn.setter
     def self_attn(self, child: Any) -> None:
         self.__dict__[SELF_ATTN_CHILD] = child
+
+
+def as_streams(envoy: Any, flat: torch.Tensor) -> torch.Tensor:
+    """The streams the model holds side by side, [batch, seq, streams * hidden_size], as a view, one stream per row."""
+    return flat.unflatten(-1, (axis_size(envoy, STREAMS), -1))
+
+
+def side_by_side(envoy: Any, streams: torch.Tensor) -> torch.Tensor:
+    """An assigned ``Streams`` tensor laid back side by side, as the model holds it."""
+    return streams.flatten(-2)
+
+
+def into_streams(value: EProperty, sublayer: str) -> EProperty:
+    """A sublayer's contribution ``value`` on a ``StreamsLayer``: what the block adds into the streams, ``Streams``.
+
+    For the class body of the sublayer's envoy, beside its ``CONTRIBUTION``
+    (the block's operation weighting the output per stream)::
+
+        attention_output = into_streams(LinearAttention.attention_output, "mixer")
+    """
+    streamed = value.laid_out(Streams)
+    streamed.description = (
+        f"What the {sublayer} adds to the residual streams, [batch, seq, streams, hidden_size]: its output weighted "
+        "per stream"
+    )
+    return streamed
+
+
+class StreamsLayer(HybridLayer):
+    """A hybrid block whose residual stream is several streams (hyper-connections, Qwen4-exp).
+
+    The model carries ``streams`` copies of the residual side by side,
+    ``[batch, seq, streams * hidden_size]``. A hyper-connection in front of
+    each sublayer (``attn_hyper_connection``, ``mlp_hyper_connection``) reads
+    them into the one ``[batch, seq, hidden_size]`` input the sublayer is
+    called with, and the block adds the sublayer's output back into every
+    stream with a weight per stream and token. The stream values
+    (``layer_input``, ``layer_mid``, ``layer_output``) are served as
+    ``Streams``, ``[batch, seq, streams, hidden_size]``: a view of the
+    model's tensor, so in-place edits land, and an assignment is laid back
+    side by side. The contributions are what the block adds into the
+    streams, also ``Streams``: each sublayer's ``CONTRIBUTION`` names the
+    operation in the block's forward that weights its output per stream, so::
+
+        layer_input + attention_output + mlp_output == layer_output
+
+    stream by stream. The sublayer's own output, before the weights, is its
+    ``.output``. ``attention_norm_output`` and ``mlp_norm_output`` are what
+    the sublayers are called with: the hyper-connections' reads.
+    """
+
+    # the contributions are operations in the block's forward, read after the block has started
+    sourced = True
+    #: The attribute path from the block's module to its number of streams.
+    STREAMS: ClassVar[str]
+
+    @property
+    def streams(self) -> int:
+        """How many residual streams the block carries."""
+        return attrgetter(self.STREAMS)(self._module)
+
+    @EProperty("input")
+    def layer_input(self, value: Any) -> Streams:
+        """The residual streams entering this block, [batch, seq, streams, hidden_size]. Assign or edit in place."""
+        return as_streams(self, value)
+
+    layer_input.postprocess(side_by_side)
+
+    @EProperty("attn_hyper_connection.output")
+    def attention_norm_output(self, value: Any) -> Residual:
+        """What the attention is called with: its hyper-connection's read of the streams, [batch, seq, hidden_size].
+
+        Assign or edit in place.
+        """
+        return value
+
+    @EProperty("mlp_hyper_connection.input")
+    def layer_mid(self, value: Any) -> Streams:
+        """The residual streams between the two sublayers, [batch, seq, streams, hidden_size].
+
+        ``layer_input`` plus what the block adds in front of its MLP. Assign or
+        edit in place.
+        """
+        return as_streams(self, value)
+
+    layer_mid.postprocess(side_by_side)
+
+    @EProperty("mlp_hyper_connection.output")
+    def mlp_norm_output(self, value: Any) -> Residual:
+        """What the MLP is called with: its hyper-connection's read of the streams, [batch, seq, hidden_size].
+
+        Assign or edit in place.
+        """
+        return value
+
+    @EProperty("output")
+    def layer_output(self, value: Any) -> Streams:
+        """The residual streams leaving this block, [batch, seq, streams, hidden_size]. Assign or edit in place."""
+        return as_streams(self, value)
+
+    layer_output.postprocess(side_by_side)
+
+    def skip(self, hidden: Any) -> None:
+        """Skip this block: it does not run, and ``hidden`` (``Streams``) takes the place of its ``layer_output``."""
+        super().skip(side_by_side(self, hidden))
+
+
+class PerLayerEmbedding(Sublayer):
+    """A per-layer embedding (PLE) on a streams block: token n-gram features the block adds to its streams first.
+
+    Its contribution is ``per_layer_output``, in front of the sublayers', so
+    on a block that has one (``config.ple_layer_ids``) ``layer_input +
+    per_layer_output + attention_output + mlp_output == layer_output``.
+    """
+
+    @EProperty("output")
+    def per_layer_output(self, value: Any) -> Streams:
+        """What the module adds to the residual streams, [batch, seq, streams, hidden_size]. Assign or edit in place."""
+        return as_streams(self, value)
+
+    per_layer_output.postprocess(side_by_side)
 
 
 class ExpertsMlp(Mlp):

@@ -10,7 +10,11 @@ from .linear_attention import LinearAttention, route_delta_rule
 @nnterp.hookimpl
 def nnterp_families():
     # Bailing-Hybrid ships from transformers 5.20, Lara-mini from 5.24
-    later = installed_families("nnterp_deltanet.families.bailing_hybrid", "nnterp_deltanet.families.lara_mini")
+    later = installed_families(
+        "nnterp_deltanet.families.bailing_hybrid",
+        "nnterp_deltanet.families.lara_mini",
+        "nnterp_deltanet.families.qwen4_exp_text",
+    )
     return [qwen3_next, qwen3_5_text, qwen3_5_moe, olmo_hybrid, kimi_linear, *later]
 
 

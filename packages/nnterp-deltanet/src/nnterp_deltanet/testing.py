@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 import torch
 
-from nnterp import RecurrentMixer, StandardizedTransformer, Unavailable, route_kernels
+from nnterp import RecurrentMixer, StandardizedTransformer, Unavailable, axis_size, route_kernels
 from nnterp.components.kernels import dispatch, modeling_module
 from nnterp.components.per_token import TOKEN_LOOP, TRACED_BEFORE_ROUTING
 from nnterp.components.routing import STASH
@@ -142,7 +142,9 @@ class DeltaNetSuite(RecurrentMixerSuite):
             assert tuple(decays.shape) in ((1, seq, heads), (1, seq, heads, key_dim))
             assert tuple(betas.shape) == (1, seq, heads)
             assert tuple(leaving.shape) == (1, heads, key_dim, value_dim)
-            assert tuple(output.shape) == (1, seq, self.model.hidden_size)
+            # the contribution's model axes as its layout declares them: hidden_size, or streams and hidden_size
+            model_axes = tuple(axis_size(mixer, axis) for axis in type(mixer).attention_output.dims[2:])
+            assert tuple(output.shape) == (1, seq, *model_axes), f"attention_output {tuple(output.shape)}"
             assert entering is None, "a fresh prompt starts from no state"
             assert decays.dtype == torch.float32 and decays.max() <= 0, "decays are float32 log-decays"
             assert betas.min() > 0 and betas.max() < 2
