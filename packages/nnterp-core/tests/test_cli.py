@@ -11,6 +11,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 import nnterp
 from nnterp import EProperty, Layer, cli
 from nnterp.layouts import Residual
+from nnterp.registry import family_name
 from nnterp.testing import save_tiny
 
 
@@ -140,10 +141,15 @@ def test_coverage_command_prints_a_line_per_type_and_a_summary_that_adds_up(core
     rows = nnterp.coverage()
     assert [line.split()[0] for line in lines] == [row.model_type for row in rows]
     recurrent = [row for row in rows if row.recurrent_kernels]
+    generic = [row for row in rows if row.generic]
     assert summary == (
-        f"{sum(row.served for row in rows)} of {len(rows)} causal-LM model types served; "
+        f"{sum(row.served for row in rows)} of {len(rows)} causal-LM model types served "
+        f"({len(generic)} by a generic family); "
         f"{sum(row.served for row in recurrent)} of the {len(recurrent)} with a recurrent kernel"
     )
+    for line, row in zip(lines, rows, strict=True):
+        assert ("generic (" in line) == bool(row.generic), line
+        assert line.split(None, 1)[1].startswith("not served: ") == (not row.served), line
     flagged = {line.split()[0] for line in lines if "NO FAMILY SERVES ITS RECURRENT KERNEL" in line}
     assert flagged == {row.model_type for row in recurrent if not row.served}
 
@@ -159,10 +165,11 @@ def test_coverage_check_runs_the_suites_of_every_serving_family_and_fails_with_t
     checked = []
 
     def failing_check(out, families):
-        checked.extend(families)
+        checked.extend(family_name(family) for family in families)
         return 1
 
-    monkeypatch.setattr(cli, "check", failing_check)
+    monkeypatch.setattr(cli, "check_families", failing_check)
     assert cli.coverage(io.StringIO(), as_json=False, run_checks=True) == 1
-    assert checked == sorted({row.family for row in nnterp.coverage() if row.served})
+    assert sorted(checked) == sorted({row.family for row in nnterp.coverage() if row.served})
+    assert len(checked) == len(set(checked))
     assert "olmo" in checked

@@ -5,6 +5,7 @@ from nnterp.testing import AttentionSuite
 
 from .attention import Attention
 from .families import bloom, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mpt, olmo2, phi3, qwen2, qwen3
+from .generic import generic_family
 from .own_arithmetic import OwnArithmeticAttention
 
 
@@ -20,3 +21,7 @@ def nnterp_suites():
     # The subclass's suite first: `nnterp check` combines the suites of every base, most derived first.
     return {OwnArithmeticAttention: AlibiAttentionSuite, Attention: AttentionSuite}
 
+
+@nnterp.hookimpl
+def nnterp_generic_family(config):
+    return generic_family(config)

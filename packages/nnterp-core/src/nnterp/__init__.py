@@ -28,7 +28,7 @@ from .descriptor import DerivedEProperty, EProperty, Unavailable, unavailable
 from .hookspecs import hookimpl, hookspec
 from .layouts import *  # noqa: F403
 from .order import OrderError
-from .registry import REGISTRY, PluginError, UnknownFamily, UnknownModelType
+from .registry import REGISTRY, PluginError, UnknownFamily, UnknownModelType, Unrecognized
 from .transformer import StandardizedTransformer
 
 __version__ = "0.1.0"
@@ -53,6 +53,7 @@ __all__ = [
     "Unavailable",
     "UnknownFamily",
     "UnknownModelType",
+    "Unrecognized",
     "axis_size",
     "blocks_support",
     "contribution",

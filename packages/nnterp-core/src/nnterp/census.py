@@ -1,11 +1,13 @@
 """The coverage census: which of the installed transformers' causal language models a family serves.
 
-Read off the installed transformers, without importing a modeling module or
-building a model: its causal-LM model types (``AutoModelForCausalLM``'s
-mapping), the family the plugin registry has for each, and the recurrent
-kernels each modeling module declares (a hub kernel of flash-linear-attention
-or mamba_ssm, the packages of the recurrent mixers), so that a recurrent model
-no family serves stands out. ``nnterp coverage`` prints it.
+Read off the installed transformers, without loading a weight: its causal-LM
+model types (``AutoModelForCausalLM``'s mapping); the family the plugin
+registry names for each or, for a type no family names, the generic family a
+plugin recognizes from the layout of its tiny model's blocks (built on the
+meta device), or why none does; and the recurrent kernels each modeling
+module declares (a hub kernel of flash-linear-attention or mamba_ssm, the
+packages of the recurrent mixers, read from its source), so that a recurrent
+model no family serves stands out. ``nnterp coverage`` prints it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from transformers.models.auto.configuration_auto import model_type_to_module_name
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -31,11 +34,16 @@ class Coverage:
     """One causal-LM model type of the installed transformers, and whether nnterp serves it."""
 
     model_type: str
-    #: The family serving it (``nnterp.families.<family>``) and the plugin that registers it; ``None`` if none does.
+    #: The family serving it (``nnterp.families.<family>``, or the model type for a generic family) and the plugin
+    #: that provides it; ``None`` if none does.
     family: str | None
     plugin: str | None
     #: The recurrent hub kernels its modeling module declares: empty for a model with no recurrent mixer.
     recurrent_kernels: tuple[str, ...]
+    #: For a generic family, the block layout it recognized; ``None`` for a named family or none.
+    generic: str | None = None
+    #: Why no family serves it; ``None`` when one does.
+    reason: str | None = None
 
     @property
     def served(self) -> bool:
@@ -58,18 +66,50 @@ def recurrent_kernels(model_type: str) -> tuple[str, ...]:
 def coverage() -> list[Coverage]:
     """Every causal-LM model type of the installed transformers, in its mapping's order, with what serves it."""
     plugin_of = {id(family): info.name for info in REGISTRY.plugins() for family in info.families}
+    generic_plugin = ", ".join(REGISTRY.generic_plugins()) or None
     rows = []
     for model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        kernels = recurrent_kernels(model_type)
         try:
-            family = REGISTRY.family_for(model_type)
-        except UnknownModelType:
-            family = None
-        rows.append(
-            Coverage(
-                model_type,
-                None if family is None else family_name(family),
-                None if family is None else plugin_of.get(id(family)),
-                recurrent_kernels(model_type),
-            )
-        )
+            family = family_of(model_type)
+        except UnknownModelType as error:
+            rows.append(Coverage(model_type, None, None, kernels, reason=why_not(model_type, error)))
+            continue
+        generic = getattr(family, "GENERIC", None)
+        plugin = generic_plugin if generic else plugin_of.get(id(family))
+        rows.append(Coverage(model_type, family_name(family), plugin, kernels, generic=generic))
     return rows
+
+
+def family_of(model_type: str) -> Any:
+    """The family serving ``model_type``'s models: looked up by the type their config states (GPT-SW3's is GPT-2's).
+
+    Raises:
+        UnknownModelType: none does.
+    """
+    config = tiny_config_of(model_type)
+    return REGISTRY.family_for(model_type if config is None else config.model_type, config)
+
+
+def tiny_config_of(model_type: str) -> Any:
+    """The model type's default config with its sizes shrunk, the config a generic family is recognized from."""
+    from transformers import AutoConfig
+
+    from .testing.models import TOKEN_IDS
+    from .testing.shrink import tiny_overrides
+
+    try:
+        return AutoConfig.for_model(model_type, **{**TOKEN_IDS, **tiny_overrides(model_type)})
+    except Exception:
+        return None
+
+
+def why_not(model_type: str, error: UnknownModelType) -> str:
+    """Why ``model_type`` is not served, in one census line."""
+    if error.distribution is not None:
+        return f"its family is in {error.distribution}, which is not installed"
+    if error.reasons:
+        return "; ".join(error.reasons)
+    if tiny_config_of(model_type) is None:
+        return "its default config cannot be shrunk to a tiny one to read its layout"
+    return "no installed plugin names it or recognizes it"

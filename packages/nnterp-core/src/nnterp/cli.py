@@ -36,6 +36,11 @@ def plugins(out: TextIO) -> int:
         print(f"{info.name} ({origin})", file=out)
         for family in info.families:
             print(f"  {family_name(family)}: {', '.join(family.MODEL_TYPES)}", file=out)
+    for name in REGISTRY.generic_plugins():
+        print(
+            f"{name} also serves, with a generic family, a model type no family names whose blocks it recognizes",
+            file=out,
+        )
     for failure in REGISTRY.failures:
         print(f"{failure.name} ({failure.distribution} {failure.version}) FAILED to load: {failure.error}", file=out)
     if not infos and not REGISTRY.failures:
@@ -61,7 +66,8 @@ def support(out: TextIO, model_id: str | None) -> int:
 
     if model_id is not None:
         model = StandardizedTransformer(model_id)
-        print(f"{model_id} (family {family_name(model.family)})", file=out)
+        served = f"generic family: {model.generic}" if model.generic else f"family {family_name(model.family)}"
+        print(f"{model_id} ({served})", file=out)
         print("\n".join(_support_lines(model)), file=out)
         return 0
     for name, family in sorted(REGISTRY.families().items()):
@@ -82,7 +88,9 @@ def suite_for(family: ModuleType, model: Any) -> type:
     for envoy_class, suite in REGISTRY.suites().items():
         if suite not in suites and any(issubclass(kind, envoy_class) for kind in envoy_types):
             suites.append(suite)
-    return type(f"Check_{family_name(family)}", tuple(suites), {"family": family_name(family)})
+    # A generic family is registered under no name, so its suite holds the module itself.
+    named = family if getattr(family, "GENERIC", None) else family_name(family)
+    return type(f"Check_{family_name(family)}", tuple(suites), {"family": named})
 
 
 def run_suite(suite: type, progress: Callable[[int, int], None]) -> tuple[int, int, list[tuple[str, str]]]:
@@ -128,6 +136,14 @@ def progress_bar(out: TextIO, label: str) -> Callable[[int, int], None]:
 
 
 def check(out: TextIO, names: list[str]) -> int:
+    """Run the conformance suites on each named family's tiny model (every installed one by default); 1 on a failure."""
+    families = (
+        [REGISTRY.family(name) for name in names] if names else [f for _, f in sorted(REGISTRY.families().items())]
+    )
+    return check_families(out, families)
+
+
+def check_families(out: TextIO, families: list[ModuleType]) -> int:
     """Run the conformance suites on each family's tiny model, a line per family; 1 on any failure."""
     from transformers.utils import logging
 
@@ -135,9 +151,6 @@ def check(out: TextIO, names: list[str]) -> int:
 
     logging.disable_progress_bar()
     logging.set_verbosity_error()  # transformers' notes that it runs its pure-torch kernels: that is the point here
-    families = (
-        [REGISTRY.family(name) for name in names] if names else [f for _, f in sorted(REGISTRY.families().items())]
-    )
     width = max((len(family_name(f)) for f in families), default=0)
     failed = False
     for family in families:
@@ -160,9 +173,10 @@ def check(out: TextIO, names: list[str]) -> int:
 
 
 def coverage(out: TextIO, as_json: bool, run_checks: bool) -> int:
-    """Print the census, a line per causal-LM model type and a summary; with ``run_checks``, then ``check`` the
-    families that serve them (exit 1 on a failure)."""
+    """Print the census, a line per causal-LM model type and a summary; with ``run_checks``, then check every
+    family serving one, named or generic, on its tiny model (exit 1 on a failure)."""
     from .census import coverage as census
+    from .census import family_of
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a plugin that fails to import is reported by `nnterp plugins`
@@ -173,20 +187,31 @@ def coverage(out: TextIO, as_json: bool, run_checks: bool) -> int:
     else:
         width = max(len(row.model_type) for row in rows)
         for row in rows:
-            where = f"served by {row.plugin}: {row.family}" if row.served else "not served"
+            if row.generic:
+                where = f"served by {row.plugin}: generic ({row.generic})"
+            elif row.served:
+                where = f"served by {row.plugin}: {row.family}"
+            else:
+                where = f"not served: {row.reason}"
             kernels = f" (recurrent: {', '.join(row.recurrent_kernels)})" if row.recurrent_kernels else ""
             lost = "; NO FAMILY SERVES ITS RECURRENT KERNEL" if row.recurrent_kernels and not row.served else ""
             print(f"{row.model_type.ljust(width)}  {where}{kernels}{lost}", file=out)
         recurrent = [row for row in rows if row.recurrent_kernels]
+        generic = sum(bool(row.generic) for row in rows)
         print(
-            f"{sum(row.served for row in rows)} of {len(rows)} causal-LM model types served; "
-            f"{sum(row.served for row in recurrent)} of the {len(recurrent)} with a recurrent kernel",
+            f"{sum(row.served for row in rows)} of {len(rows)} causal-LM model types served "
+            f"({generic} by a generic family); {sum(row.served for row in recurrent)} of the {len(recurrent)} "
+            f"with a recurrent kernel",
             file=out,
         )
     if not run_checks:
         return 0
-    families = sorted({row.family for row in rows if row.served})
-    return check(sys.stderr if as_json else out, families)
+    families: dict[int, ModuleType] = {}
+    for row in rows:
+        if row.served:
+            family = family_of(row.model_type)
+            families.setdefault(id(family), family)
+    return check_families(sys.stderr if as_json else out, list(families.values()))
 
 
 def main(argv: list[str] | None = None) -> int:

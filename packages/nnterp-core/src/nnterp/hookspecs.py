@@ -52,3 +52,15 @@ def nnterp_suites() -> dict[type, type]:
     ``nnterp check`` runs, on each family's tiny model, the suite of every
     standard envoy class the model's blocks are wrapped in (and their bases').
     """
+
+
+@hookspec
+def nnterp_generic_family(config: Any) -> ModuleType | Exception | None:
+    """A family for a model whose ``model_type`` no plugin names, built from the layout of its modules.
+
+    Called with the model's transformers config when no family claims its
+    type. Return the family module (with ``GENERIC``, a line saying what
+    layout it recognized), an :class:`nnterp.registry.Unrecognized` saying
+    what the plugin found instead, or ``None`` when the config is nothing the
+    plugin looks at. The first family returned serves the model.
+    """

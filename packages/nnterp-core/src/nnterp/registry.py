@@ -75,7 +75,20 @@ class PluginError(RuntimeError):
 
 
 class UnknownModelType(PluginError):
-    """No installed plugin handles a model's ``model_type``."""
+    """No installed plugin handles a model's ``model_type``.
+
+    ``distribution`` is the distribution known to handle it, if any;
+    ``reasons`` what each plugin that builds generic families found instead.
+    """
+
+    def __init__(self, message: str, distribution: str | None = None, reasons: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.distribution = distribution
+        self.reasons = reasons
+
+
+class Unrecognized(PluginError):
+    """A plugin's generic family does not recognize a model's layout; the message says what it found."""
 
 
 class UnknownFamily(PluginError, AttributeError):
@@ -243,16 +256,49 @@ class Registry:
             )
         return families[name]
 
-    def family_for(self, model_type: str) -> ModuleType:
-        """The family that handles ``model_type``."""
+    def family_for(self, model_type: str, config: Any = None) -> ModuleType:
+        """The family that handles ``model_type``: a plugin's named family, else, given the model's ``config``, a generic one.
+
+        A generic family is built by a plugin that recognizes the layout of the
+        model's blocks (``nnterp_generic_family``); its module has ``GENERIC``,
+        the layout it recognized.
+
+        Raises:
+            UnknownModelType: no plugin names the type and none recognizes
+                its layout; the message says what each plugin found.
+        """
         by_model_type = self.index["model_types"]
         if model_type in by_model_type:
             return by_model_type[model_type]
+        reasons = []
+        if config is not None and model_type not in KNOWN_DISTRIBUTIONS:
+            for answer in self.manager.hook.nnterp_generic_family(config=config):
+                if isinstance(answer, ModuleType):
+                    return answer
+                reasons.append(str(answer))
         plugins = ", ".join(f"{info.name} ({info.distribution or 'registered directly'})" for info in self.plugins())
+        found = "".join(f"; its blocks are not a layout a generic family serves: {reason}" for reason in reasons)
+        fix = (
+            ". Write a family for it (a module with MODEL_TYPES, ENVOYS, RENAME, TINY_CONFIG; see the README's "
+            "'Writing a family') and register it with nnterp.REGISTRY.register or a plugin's entry point"
+            if reasons
+            else ""
+        )
         raise UnknownModelType(
             f"no installed nnterp plugin handles model_type {model_type!r}; installed plugins: {plugins or '(none)'}"
             + self._hint(model_type)
+            + found
+            + fix,
+            KNOWN_DISTRIBUTIONS.get(model_type),
+            tuple(reasons),
         )
+
+    def generic_plugins(self) -> list[str]:
+        """The plugins that build generic families for model types no family names."""
+        self.load()
+        return [
+            implementation.plugin_name for implementation in self.manager.hook.nnterp_generic_family.get_hookimpls()
+        ]
 
     def _hint(self, model_type: str) -> str:
         distribution = KNOWN_DISTRIBUTIONS.get(model_type)

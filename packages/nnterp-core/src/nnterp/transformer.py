@@ -14,7 +14,7 @@ from nnsight.modeling.transformers import TransformersModel
 from .components.standard import blocks_support
 from .descriptor import DerivedEProperty, EProperty
 from .layouts import Logits, Probabilities
-from .registry import REGISTRY
+from .registry import REGISTRY, family_name
 
 #: The spellings most transformers families share; a family's RENAME is merged over them.
 COMMON_RENAME: dict[Any, Any] = {
@@ -53,6 +53,18 @@ def load_config(model: Any, kwargs: dict) -> Any:
         raise ValueError(f"cannot load {os.fspath(model)!r}: it is {where} ({error})") from error
 
 
+class Support(dict):
+    """``support()``'s table of values and reasons, with ``generic``: the layout a generic family served it by."""
+
+    def __init__(self, table: dict[str, Any], generic: str | None = None) -> None:
+        super().__init__(table)
+        self.generic = generic
+
+    def __repr__(self) -> str:
+        table = super().__repr__()
+        return f"Support(generic family: {self.generic}, {table})" if self.generic else f"Support({table})"
+
+
 class StandardizedTransformer(TransformersModel):
     """A transformers language model whose values have the standard names, on every family.
 
@@ -83,7 +95,7 @@ class StandardizedTransformer(TransformersModel):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(os.fspath(model))
-        family = REGISTRY.family_for(model_type(config))
+        family = REGISTRY.family_for(model_type(config), config)
         kwargs.setdefault("task", "text-generation")
         kwargs.setdefault("rename", {**COMMON_RENAME, **family.RENAME})
         kwargs.setdefault("envoys", dict(family.ENVOYS))
@@ -93,7 +105,28 @@ class StandardizedTransformer(TransformersModel):
         object.__setattr__(self, "family", family)
 
     family: ModuleType
-    """The family module of this model (``nnterp.families.llama``)."""
+    """The family module of this model (``nnterp.families.llama``, or a generic family with ``GENERIC``)."""
+
+    @property
+    def generic(self) -> str | None:
+        """The block layout a generic family recognized this model by, or ``None`` when a family names its type.
+
+        A model type no installed plugin names is served by a generic family
+        when a plugin recognizes its blocks (``nnterp_generic_family``): its
+        values are the standard ones, keyed on the layout read off the
+        block's forward, and ``nnterp coverage --check`` is how they were
+        verified on that model type.
+        """
+        return getattr(self.family, "GENERIC", None)
+
+    def __repr__(self) -> str:
+        family = self.family
+        served = (
+            f"generic family of {family.MODEL_TYPES[0]!r}: {self.generic}"
+            if self.generic
+            else f"family {family_name(family)}"
+        )
+        return f"StandardizedTransformer ({served})\n{super().__repr__()}"
 
     # -- standard values of the whole model --------------------------------------
 
@@ -159,7 +192,7 @@ class StandardizedTransformer(TransformersModel):
 
     # -- what this model has ----------------------------------------------------
 
-    def support(self, layer: int | None = None) -> dict[str, Any]:
+    def support(self, layer: int | None = None) -> Support:
         """Which standard values this model has.
 
         Without ``layer``: every block value by dotted name
@@ -167,7 +200,9 @@ class StandardizedTransformer(TransformersModel):
         ``None`` when every block has it, else ``{layer: reason}`` for the
         blocks that do not. With ``layer``: that block's values -> reason or
         ``None``. Nothing runs; the reasons are what a read would raise as
-        :class:`~nnterp.Unavailable`.
+        :class:`~nnterp.Unavailable`. The table's ``generic`` is the block
+        layout a generic family served the model by (``None`` when a family
+        names its type), and its repr says so.
 
         Raises:
             IndexError: ``layer`` is outside the model's blocks; negative
@@ -179,4 +214,4 @@ class StandardizedTransformer(TransformersModel):
                 f"support(layer={layer!r}): this model has {len(blocks)} layers; layer must be in "
                 f"range(-{len(blocks)}, {len(blocks)}), from 0 to {len(blocks) - 1} or -{len(blocks)} to -1 from the end"
             )
-        return blocks_support(blocks, layer)
+        return Support(blocks_support(blocks, layer), generic=self.generic)

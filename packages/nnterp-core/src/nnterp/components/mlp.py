@@ -4,9 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from nnsight import Envoy
+
 from ..descriptor import EProperty
 from ..layouts import Neurons, Residual
 from .standard import Sublayer, contribution
+
+
+def missing(child: str):
+    """The ``unavailable=`` of a value read at the MLP's child ``child``: a reason when the MLP has no such module."""
+
+    def reason(mlp: Mlp) -> str | None:
+        if isinstance(getattr(mlp, child, None), Envoy):
+            return None
+        return (
+            f"this MLP ({type(mlp._module).__name__}) has no {child} module, where the value is read; a family "
+            f"for this model aliases its own module to {child!r} in its RENAME"
+        )
+
+    return reason
 
 
 class Mlp(Sublayer):
@@ -37,7 +53,7 @@ class Mlp(Sublayer):
         """
         return value
 
-    @EProperty("act_fn.output")
+    @EProperty("act_fn.output", unavailable=missing("act_fn"))
     def mlp_activation(self, value: Any) -> Neurons:
         """The activation's output, [batch, seq, intermediate_size].
 
@@ -46,7 +62,7 @@ class Mlp(Sublayer):
         """
         return value
 
-    @EProperty("down_proj.input")
+    @EProperty("down_proj.input", unavailable=missing("down_proj"))
     def mlp_neurons(self, value: Any) -> Neurons:
         """The neurons the output projection sums, [batch, seq, intermediate_size].
 

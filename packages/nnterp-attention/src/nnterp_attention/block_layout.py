@@ -1,0 +1,327 @@
+"""Reading a decoder block's layout off its forward's source: which child mixes, which feeds forward, and how.
+
+The generic family serves a model no plugin names when its blocks follow a
+layout this module recognizes. It does not guess from names: it evaluates the
+block's ``forward`` symbolically, statement by statement, tracking what each
+variable holds in terms of the block's input and its children's outputs, and
+reads the layout off the expression the block returns. A pre-norm block
+returns ``x + attn(norm1(x)) + mlp(norm2(x + attn(norm1(x))))``; a parallel
+one ``x + attn(norm1(x)) + mlp(norm2(x))``; a block that normalizes each
+sublayer's output before adding it wraps each contribution in a post-norm.
+
+Conditions on the module's own attributes or config (``if
+self.use_parallel_residual``) are evaluated against the module, so the layout
+is the one this checkpoint's config selects. Anything the evaluator cannot
+follow (a loop, a scaled residual, a branch it cannot decide that changes the
+stream) makes the block unrecognized, with the reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nnterp.registry import Unrecognized
+
+#: A term: ("input",), ("out", child, term), ("sum", terms...), ("tuple", terms...), ("opaque", why).
+Term = tuple
+INPUT: Term = ("input",)
+#: Methods that change a tensor's dtype or memory layout and nothing it holds.
+DTYPE_CASTS = ("to", "float", "contiguous")
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """A recognized block: its children by role, and how they meet the residual stream.
+
+    ``attention_norm`` and ``mlp_norm`` are the pre-norms in front of the
+    sublayers (``None`` where a sublayer reads the stream itself);
+    ``attention_post_norm`` and ``mlp_post_norm`` the norms after them
+    (``None`` where the sublayer's output is added as it is); ``parallel``
+    says both sublayers read the block's input; ``returned`` how many
+    elements the block returns in a tuple (0: the hidden states alone).
+    """
+
+    attention: str
+    mlp: str
+    attention_norm: str | None
+    mlp_norm: str | None
+    attention_post_norm: str | None
+    mlp_post_norm: str | None
+    parallel: bool
+    returned: int = 0
+
+
+def opaque(why: str) -> Term:
+    return ("opaque", why)
+
+
+def is_opaque(term: Term) -> bool:
+    return term[0] == "opaque" or any(isinstance(part, tuple) and is_opaque(part) for part in term[1:])
+
+
+def add(*terms: Term) -> Term:
+    """The sum of ``terms``, flattened and in a canonical order, so that ``a + b`` and ``b + a`` are one term."""
+    parts: list[Term] = []
+    for term in terms:
+        parts.extend(term[1:] if term[0] == "sum" else [term])
+    return ("sum", *sorted(parts, key=repr))
+
+
+class ForwardReader:
+    """Evaluates one block's forward over terms, against the module instance its conditions read."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        self.block = block
+        self.children = dict(block.named_children())
+        function = type(block).forward
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+        self.function = tree.body[0]
+        arguments = [argument.arg for argument in self.function.args.args]
+        if len(arguments) < 2:
+            raise Unrecognized(f"{type(block).__name__}.forward takes no hidden states")
+        self.env: dict[str, Term] = {arguments[1]: INPUT}
+        # A decoder-only model leaves the arguments that default to None (encoder states, attention outputs) unset.
+        self.defaults = {
+            name: parameter.default
+            for name, parameter in inspect.signature(function).parameters.items()
+            if parameter.default in (None, False)
+        }
+        self.scope = {"self": block, **self.defaults}
+
+    def returned(self) -> tuple[Term, int]:
+        """The term the forward returns as the block's output, and the length of the tuple it returns it in (or 0)."""
+        result = self.run(self.function.body, self.env)
+        if result is None:
+            raise Unrecognized("the forward never returns")
+        if result[0] != "tuple":
+            return result, 0
+        if len(result) < 2 or result[1][0] == "tuple":
+            raise Unrecognized(f"it returns a nested or empty tuple: {describe(result)}")
+        return result[1], len(result) - 1
+
+    # -- statements ----------------------------------------------------------------
+
+    def run(self, body: list[ast.stmt], env: dict[str, Term]) -> Term | None:
+        for statement in body:
+            if isinstance(statement, ast.Return):
+                return self.value(statement.value, env) if statement.value is not None else None
+            if isinstance(statement, ast.If):
+                result = self.branch(statement, env)
+                if result is not None:
+                    return result
+            elif isinstance(statement, (ast.Assign, ast.AnnAssign)):
+                targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+                value = self.value(statement.value, env) if statement.value is not None else opaque("annotation")
+                for target in targets:
+                    self.bind(target, value, env)
+            elif isinstance(statement, ast.AugAssign):
+                current = self.value(statement.target, env)
+                change = self.value(statement.value, env)
+                combined = add(current, change) if isinstance(statement.op, ast.Add) else opaque("augmented")
+                self.bind(statement.target, combined, env)
+            elif isinstance(statement, (ast.For, ast.While, ast.With, ast.Try)):
+                for name in assigned_names(statement):
+                    env[name] = opaque(f"assigned in a {type(statement).__name__.lower()} statement")
+        return None
+
+    def branch(self, statement: ast.If, env: dict[str, Term]) -> Term | None:
+        decided = self.condition(statement.test)
+        if decided is not None:
+            return self.run(statement.body if decided else statement.orelse, env)
+        taken, skipped = dict(env), dict(env)
+        returned = (self.run(statement.body, taken), self.run(statement.orelse, skipped))
+        if returned != (None, None):
+            raise Unrecognized(f"it returns from inside a condition it cannot decide: {ast.unparse(statement.test)}")
+        for name in set(taken) | set(skipped):
+            if taken.get(name) == skipped.get(name):
+                env[name] = taken[name]
+            else:
+                env[name] = opaque(f"set differently on each side of `if {ast.unparse(statement.test)}`")
+        return None
+
+    def condition(self, test: ast.expr) -> bool | None:
+        """The condition's value when it reads only constants, the module and defaulted arguments, else ``None``."""
+        names = {node.id for node in ast.walk(test) if isinstance(node, ast.Name)}
+        if not names <= {"self", *self.defaults}:
+            return None
+        try:
+            return bool(eval(compile(ast.Expression(test), "<condition>", "eval"), {"__builtins__": {}}, self.scope))  # noqa: S307
+        except Exception:
+            return None
+
+    def bind(self, target: ast.expr, value: Term, env: dict[str, Term]) -> None:
+        if isinstance(target, ast.Name):
+            env[target.id] = value
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for index, element in enumerate(target.elts):
+                self.bind(element, item(value, index), env)
+
+    # -- expressions ---------------------------------------------------------------
+
+    def value(self, node: ast.expr, env: dict[str, Term]) -> Term:
+        if isinstance(node, ast.Name):
+            return env.get(node.id, opaque(f"`{node.id}`"))
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = self.value(node.left, env), self.value(node.right, env)
+            if left[0] == "tuple":
+                return left
+            return add(left, right)
+        if isinstance(node, ast.Tuple):
+            return ("tuple", *(self.value(element, env) for element in node.elts))
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            return item(self.value(node.value, env), node.slice.value)
+        if isinstance(node, ast.Call):
+            return self.call(node, env)
+        return opaque(ast.unparse(node))
+
+    def call(self, node: ast.Call, env: dict[str, Term]) -> Term:
+        stream = node.args[0] if node.args else keyword(node, "hidden_states") or keyword(node, "x")
+        function = node.func
+        if isinstance(function, ast.Attribute) and isinstance(function.value, ast.Name):
+            if function.value.id == "self" and function.attr in self.children:
+                child = self.children[function.attr]
+                argument = self.value(stream, env) if stream is not None else opaque("no stream argument")
+                if isinstance(child, torch.nn.Dropout):
+                    return argument
+                return ("out", function.attr, argument)
+        if ast.unparse(function).endswith("functional.dropout") and stream is not None:
+            return self.value(stream, env)
+        if isinstance(function, ast.Attribute) and function.attr in DTYPE_CASTS:
+            return self.value(function.value, env)
+        return opaque(ast.unparse(node)[:80])
+
+
+def keyword(node: ast.Call, name: str) -> ast.expr | None:
+    return next((argument.value for argument in node.keywords if argument.arg == name), None)
+
+
+def item(term: Term, index: Any) -> Term:
+    """Element ``index`` of ``term``: a tuple literal's element; a module's first output is the module's output."""
+    if term[0] == "tuple" and isinstance(index, int) and -len(term) < index + 1 <= len(term) - 1:
+        return term[1 + index]
+    if term[0] == "out" and index == 0:
+        return term
+    return opaque(f"element {index!r} of a value")
+
+
+def assigned_names(statement: ast.stmt) -> set[str]:
+    return {node.id for node in ast.walk(statement) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+
+
+# -- the layout ---------------------------------------------------------------------
+
+
+def read_layout(block: torch.nn.Module) -> BlockLayout:
+    """The layout of ``block``, read off its forward; raises :class:`Unrecognized` saying why when there is none."""
+    output, returned = ForwardReader(block).returned()
+    if output[0] != "sum" or INPUT not in output[1:] or is_opaque(output):
+        raise Unrecognized(f"its output is not its input plus its sublayers' outputs: {describe(output)}")
+    contributions = [part for part in output[1:] if part != INPUT]
+    if len(contributions) != 2:
+        raise Unrecognized(f"it adds {len(contributions)} contributions to its input, not an attention and an MLP")
+    children = dict(block.named_children())
+    first, second = (chain(part, children) for part in contributions)
+    if first.stream != INPUT:
+        first, second = second, first
+    parallel = second.stream == INPUT
+    if not parallel and second.stream != add(INPUT, contributions[contributions.index(first.term)]):
+        raise Unrecognized(f"its second sublayer reads {describe(second.stream)}, not the stream after the first")
+    if parallel:
+        first, second = sorted((first, second), key=lambda part: not is_attention(part.module))
+        if first.pre_norm is None or second.pre_norm is None:
+            raise Unrecognized("a parallel block whose sublayers read its input without a norm")
+    attention = children[first.module]
+    if not is_attention(first.module) and "att" not in type(attention).__name__.lower():
+        raise Unrecognized(
+            f"its first sublayer, {first.module} ({type(attention).__name__}), is not an attention; "
+            f"a recurrent or convolutional mixer needs a family that knows its state"
+        )
+    return BlockLayout(
+        first.module,
+        second.module,
+        first.pre_norm,
+        second.pre_norm,
+        first.post_norm,
+        second.post_norm,
+        parallel,
+        returned,
+    )
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One contribution: ``post_norm(module(pre_norm(stream)))``, either norm absent."""
+
+    term: Term
+    module: str
+    pre_norm: str | None
+    post_norm: str | None
+    stream: Term
+
+
+def chain(contribution: Term, children: dict[str, torch.nn.Module]) -> Chain:
+    """The modules a contribution passes through, outermost first, split into the sublayer and its norms."""
+    names, term = [], contribution
+    while term[0] == "out":
+        names.append(term[1])
+        term = term[2]
+    if term != INPUT and term[0] != "sum":
+        raise Unrecognized(f"a contribution does not start from the residual stream: {describe(contribution)}")
+    sublayers = [index for index, name in enumerate(names) if not is_norm(children[name])]
+    if len(sublayers) != 1 or len(names) - sublayers[0] > 2 or sublayers[0] > 1:
+        raise Unrecognized(f"a contribution is not one sublayer between at most two norms: {describe(contribution)}")
+    at = sublayers[0]
+    return Chain(
+        contribution,
+        names[at],
+        names[at + 1] if at + 1 < len(names) else None,
+        names[0] if at == 1 else None,
+        term,
+    )
+
+
+def is_norm(module: torch.nn.Module) -> bool:
+    """A normalization layer, by torch's classes or a class named for one (``LlamaRMSNorm``)."""
+    return isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)) or "norm" in type(module).__name__.lower()
+
+
+def is_attention(name: str) -> bool:
+    return "att" in name.lower()
+
+
+def describe(term: Term) -> str:
+    """A term as the expression it stands for: ``x + self_attn(input_layernorm(x))``."""
+    kind = term[0]
+    if kind == "input":
+        return "x"
+    if kind == "out":
+        return f"{term[1]}({describe(term[2])})"
+    if kind == "sum":
+        return " + ".join(describe(part) for part in term[1:])
+    if kind == "tuple":
+        return "(" + ", ".join(describe(part) for part in term[1:]) + ")"
+    return f"<{term[1]}>"
+
+
+def describe_layout(layout: BlockLayout) -> str:
+    """A layout as the expression its block computes: ``x + self_attn(n1(x)) + mlp(n2(...))`` in its own names."""
+
+    def contribution(module: str, pre: str | None, post: str | None, stream: str) -> str:
+        term = f"{module}({pre}({stream}))" if pre else f"{module}({stream})"
+        return f"{post}({term})" if post else term
+
+    attention = contribution(layout.attention, layout.attention_norm, layout.attention_post_norm, "x")
+    stream = "x" if layout.parallel else "x + attn"
+    mlp = contribution(layout.mlp, layout.mlp_norm, layout.mlp_post_norm, stream)
+    kind = "parallel" if layout.parallel else "sequential"
+    return (
+        f"{kind} block, x + {attention} + {mlp}"
+        if layout.parallel
+        else f"{kind} block, attn = {attention}, then x + attn + {mlp}"
+    )

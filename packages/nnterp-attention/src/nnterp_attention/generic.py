@@ -1,0 +1,248 @@
+"""The generic family: a model type no plugin names, served from the layout of its blocks.
+
+When no family claims a config's ``model_type``, the registry asks the
+plugins to recognize it (``nnterp_generic_family``). This plugin builds the
+model on the meta device (no weights, no memory), finds its decoder blocks,
+reads each block's layout off its forward (``block_layout``), and, when the
+blocks are a softmax attention and an MLP added to the residual stream in a
+layout it knows (pre-norm, parallel, or with a norm after a sublayer), builds
+a family module for that model type: the standard envoys keyed on the
+model's own classes, and aliases from its own spellings to the standard
+names. The attention's interior values are served where its forward calls
+transformers' shared attention interface, and are unavailable with the
+reason where it does not.
+
+A generic family says so: its ``GENERIC`` is the recognized layout, which
+``StandardizedTransformer``'s repr, ``support()`` and ``nnterp plugins`` show.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from types import ModuleType
+from typing import Any, ClassVar
+
+import torch
+
+from nnterp import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, EProperty, Layer, Mlp, TupleLayer
+from nnterp.layouts import Residual
+from nnterp.registry import Unrecognized
+from nnterp.testing.shrink import tiny_overrides
+
+from .attention import Attention
+from .block_layout import BlockLayout, describe_layout, is_norm, read_layout
+
+#: Why an attention's interior is out of reach when its forward does not call the shared interface.
+OWN_ATTENTION = (
+    "read inside transformers' shared attention interface, which {name}.forward does not call (it computes "
+    "its attention itself); a family for this model type can read it at the module's own operations"
+)
+#: Why it is out of reach when the model's eager attention function computes its pattern otherwise.
+OWN_EAGER = (
+    "read inside the eager attention function, and {function} computes its pattern otherwise than "
+    "transformers' standard one (an attention sink, another softmax); a family for this model type says where "
+    "these values are read"
+)
+#: The attention interface call the standard Attention reads its interior at.
+INTERFACE_CALL = "attention_interface"
+
+
+def _norm(role: str, end: str):
+    return lambda layer: f"{getattr(layer.LAYOUT, role)}.{end}"
+
+
+def _without(role: str, reason: str):
+    return lambda layer: reason if getattr(layer.LAYOUT, role) is None else None
+
+
+def _layer_mid(layer: Layer) -> str:
+    return f"{layer.LAYOUT.mlp_norm}.input" if layer.LAYOUT.mlp_norm is not None else "mlp.input"
+
+
+class GenericLayer(Layer):
+    """A recognized block: the boundary values keyed on the norms its ``LAYOUT`` names, in the block's own spelling.
+
+    A family's subclass sets ``LAYOUT``. A norm a layout lacks makes the value
+    read at it unavailable with the reason (a block whose sublayers read the
+    stream itself has no pre-norm outputs; a parallel block has no stream
+    between its sublayers).
+    """
+
+    LAYOUT: ClassVar[BlockLayout]
+
+    @EProperty(_norm("attention_norm", "output"), unavailable=_without("attention_norm", POST_NORM_ATTENTION))
+    def attention_norm_output(self, value: Any) -> Residual:
+        """What the attention is called with: its pre-norm's output, [batch, seq, hidden_size]. Assign or edit in place."""
+        return value
+
+    @EProperty(_layer_mid, unavailable=lambda layer: PARALLEL if layer.LAYOUT.parallel else None)
+    def layer_mid(self, value: Any) -> Residual:
+        """The residual stream between the two sublayers, [batch, seq, hidden_size].
+
+        What the MLP's pre-norm (or, without one, the MLP) is called with.
+        Assign or edit in place.
+        """
+        return value
+
+    @EProperty(_norm("mlp_norm", "output"), unavailable=_without("mlp_norm", POST_NORM_MLP))
+    def mlp_norm_output(self, value: Any) -> Residual:
+        """The MLP's pre-norm output, [batch, seq, hidden_size]; on a block with one shared norm, the attention's.
+
+        Assign or edit in place.
+        """
+        return value
+
+
+def generic_family(config: Any) -> ModuleType | Unrecognized | None:
+    """The generic family of ``config``'s model, or :class:`Unrecognized` saying why its blocks are not served.
+
+    ``None`` for a config with no causal language model in the installed
+    transformers. Built once per distinct config.
+    """
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return None
+    key = (config.model_type, config.to_json_string(use_diff=True))
+    if key not in BUILT:
+        try:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config)
+            if model.config.model_type != config.model_type:
+                raise Unrecognized(
+                    f"its causal LM is configured by its text model's config, of type {model.config.model_type!r}, "
+                    f"which transformers' causal-LM mapping does not name"
+                )
+            BUILT[key] = build_family(config.model_type, model)
+        except Unrecognized as error:
+            BUILT[key] = error
+        except Exception as error:
+            BUILT[key] = Unrecognized(
+                f"its model could not be built on the meta device to read it: {type(error).__name__}: {error}"
+            )
+    return BUILT[key]
+
+
+#: The families (or the reasons there is none) built so far, by model type and config.
+BUILT: dict[tuple[str, str], ModuleType | Unrecognized] = {}
+
+
+def build_family(model_type: str, model: torch.nn.Module) -> ModuleType:
+    """A family module for ``model_type`` from a built ``model`` (meta weights do), or raise :class:`Unrecognized`."""
+    layers_path, blocks = find_blocks(model)
+    layouts = {read_layout(block) for block in blocks}
+    if len(layouts) != 1:
+        raise Unrecognized(f"its blocks differ in layout ({len(layouts)} layouts), which a generic family cannot name")
+    (layout,) = layouts
+    names = dict(model.named_modules())
+    attention_classes = {type(names[f"{layers_path}.{i}.{layout.attention}"]) for i in range(len(blocks))}
+    mlp_classes = {type(names[f"{layers_path}.{i}.{layout.mlp}"]) for i in range(len(blocks))}
+    attention = attention_envoy(attention_classes, layout)
+    mlp = Mlp if layout.mlp_post_norm is None else contributing(Mlp, layout.mlp_post_norm)
+    bases = (GenericLayer, TupleLayer) if layout.returned else (GenericLayer,)
+    layer = type("GenericLayer", bases, {"__module__": __name__, "LAYOUT": layout, "RETURNED": layout.returned})
+    envoys: dict = dict.fromkeys({type(block) for block in blocks}, layer)
+    envoys.update(dict.fromkeys(attention_classes, attention))
+    envoys.update(dict.fromkeys(mlp_classes, mlp))
+    rename = {
+        **model_rename(model, layers_path),
+        **{name: alias for name, alias in ((layout.attention, "self_attn"), (layout.mlp, "mlp")) if name != alias},
+    }
+    # One family per model type and layout, so two loads of one checkpoint share it (as a named family is shared).
+    identity = (model_type, layout, tuple(sorted(rename.items())))
+    if identity not in FAMILIES:
+        family = ModuleType(
+            f"{__name__}.{model_type}", f"The generic family of {model_type!r}: {describe_layout(layout)}."
+        )
+        family.MODEL_TYPES = (model_type,)
+        family.ENVOYS = envoys
+        family.RENAME = rename
+        family.TINY_CONFIG = tiny_overrides(model_type)
+        family.GENERIC = describe_layout(layout)
+        family.LAYOUT = layout
+        FAMILIES[identity] = family
+    return FAMILIES[identity]
+
+
+#: The generic families built, by model type, layout and aliases.
+FAMILIES: dict[tuple, ModuleType] = {}
+
+
+def find_blocks(model: torch.nn.Module) -> tuple[str, list[torch.nn.Module]]:
+    """The path of the model's decoder blocks and the blocks: the module list as long as the config's layer count."""
+    config = model.config.get_text_config()
+    count = getattr(config, "num_hidden_layers", None)
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count and count:
+            return path, list(module)
+    raise Unrecognized(f"no module list holds its {count} decoder blocks")
+
+
+def model_rename(model: torch.nn.Module, layers_path: str) -> dict[str, str]:
+    """Aliases of the model's own paths to the standard ``layers``, ``embed_tokens``, ``ln_final`` and ``lm_head``."""
+    paths = {id(module): path for path, module in model.named_modules()}
+    rename = {layers_path: "layers"}
+    embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if embeddings is not None:
+        rename[paths[id(embeddings)]] = "embed_tokens"
+    if head is not None and paths[id(head)] != "lm_head":
+        rename[paths[id(head)]] = "lm_head"
+    backbone_path = layers_path.rpartition(".")[0]
+    backbone = model.get_submodule(backbone_path)
+    norms = [name for name, child in backbone.named_children() if is_norm(child)]
+    if len(norms) == 1:
+        rename[f"{backbone_path}.{norms[0]}" if backbone_path else norms[0]] = "ln_final"
+    return {path: alias for path, alias in rename.items() if path != alias}
+
+
+def attention_envoy(classes: set[type], layout: BlockLayout) -> type[Attention]:
+    """An Attention whose contribution is read after its post-norm, if any, and whose interior says where it is."""
+    attention = Attention if layout.attention_post_norm is None else contributing(Attention, layout.attention_post_norm)
+    reasons = sorted(filter(None, (interior_reason(cls) for cls in classes)))
+    if not reasons:
+        return attention
+    reason = reasons[0]
+    return type("GenericAttention", (attention,), {"__module__": __name__, "off_interface": lambda self: reason})
+
+
+def interior_reason(cls: type) -> str | None:
+    """Why the standard Attention cannot read ``cls``'s interior, or ``None`` when it can.
+
+    It can when the forward calls the attention interface and the eager
+    function it falls back to (its modeling module's
+    ``eager_attention_forward``) has the standard's operations: one
+    ``nn.functional.softmax`` of the scores, then one ``nn.functional.dropout``,
+    and nothing concatenated to the scores (an attention sink).
+    """
+    if not calls(cls.forward, INTERFACE_CALL):
+        return OWN_ATTENTION.format(name=cls.__name__)
+    eager = getattr(inspect.getmodule(cls), "eager_attention_forward", None)
+    if eager is None:
+        return OWN_EAGER.format(function=f"{cls.__module__} (which has no eager_attention_forward)")
+    operations = [ast.unparse(node.func) for node in ast.walk(parse(eager)) if isinstance(node, ast.Call)]
+    standard = operations.count("nn.functional.softmax") == 1 and operations.count("nn.functional.dropout") == 1
+    if not standard or "torch.cat" in operations:
+        return OWN_EAGER.format(function=f"{cls.__module__}.eager_attention_forward")
+    return None
+
+
+def contributing(sublayer: type, post_norm: str) -> type:
+    """``sublayer`` whose contribution is read after the block's ``post_norm``, what the block adds to the stream."""
+    return type(
+        f"PostNorm{sublayer.__name__}", (sublayer,), {"__module__": __name__, "CONTRIBUTION": f"../{post_norm}.output"}
+    )
+
+
+def calls(function: Any, name: str) -> bool:
+    """Whether ``function``'s body calls a function named ``name``."""
+    return any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+        for node in ast.walk(parse(function))
+    )
+
+
+def parse(function: Any) -> ast.AST:
+    return ast.parse(textwrap.dedent(inspect.getsource(function)))

@@ -1,0 +1,219 @@
+"""The generic family: model types no plugin names, served from the layout read off their blocks' forward."""
+
+import pytest
+from torch import nn
+
+import nnterp
+from nnterp import PARALLEL, POST_NORM_ATTENTION, StandardizedTransformer, UnknownModelType, Unrecognized
+from nnterp.census import coverage, tiny_config_of
+from nnterp.testing import AttentionSuite, LayerSuite, save_tiny
+from nnterp_attention.block_layout import BlockLayout, read_layout
+from nnterp_attention.generic import OWN_ATTENTION, attention_envoy, generic_family
+
+
+def generic(model_type):
+    family = generic_family(tiny_config_of(model_type))
+    assert not isinstance(family, Unrecognized), f"{model_type}: {family}"
+    return family
+
+
+# -- the layouts, read off the forward of blocks written here -------------------------
+
+
+class Norm(nn.LayerNorm):
+    pass
+
+
+class Mixer(nn.Linear):
+    def forward(self, hidden_states, **kwargs):
+        return super().forward(hidden_states), None
+
+
+class PreNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_a, self.attn, self.ln_b, self.ff = Norm(4), Mixer(4, 4), Norm(4), nn.Linear(4, 4)
+
+    def forward(self, hidden_states, attention_mask=None, output_attentions=False):
+        residual = hidden_states
+        hidden_states, weights = self.attn(hidden_states=self.ln_a(hidden_states))
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.ff(self.ln_b(hidden_states))
+        hidden_states = residual + hidden_states
+        outputs = (hidden_states,)
+        if output_attentions:
+            outputs += (weights,)
+        return outputs
+
+
+class Switchable(nn.Module):
+    """Parallel or sequential by an attribute, as GPT-NeoX is by its config."""
+
+    def __init__(self, parallel):
+        super().__init__()
+        self.parallel = parallel
+        self.ln_a, self.attn, self.ln_b, self.ff = Norm(4), Mixer(4, 4), Norm(4), nn.Linear(4, 4)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x):
+        attended = self.dropout(self.attn(self.ln_a(x))[0])
+        if self.parallel:
+            return x + attended + self.ff(self.ln_b(x))
+        x = x + attended
+        return x + self.ff(self.ln_b(x))
+
+
+class Sandwich(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre_a, self.attn, self.post_a = Norm(4), Mixer(4, 4), Norm(4)
+        self.pre_b, self.ff, self.post_b = Norm(4), nn.Linear(4, 4), Norm(4)
+
+    def forward(self, x):
+        x = x + self.post_a(self.attn(self.pre_a(x))[0])
+        return x + self.post_b(self.ff(self.pre_b(x)))
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_a, self.attn, self.ln_b, self.ff = Norm(4), Mixer(4, 4), Norm(4), nn.Linear(4, 4)
+        self.scale = 0.5
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_a(x))[0] * self.scale
+        return x + self.ff(self.ln_b(x)) * self.scale
+
+
+def test_a_pre_norm_block_is_read_with_its_norms_and_sublayers():
+    assert read_layout(PreNorm()) == BlockLayout("attn", "ff", "ln_a", "ln_b", None, None, parallel=False, returned=1)
+
+
+def test_a_condition_on_the_module_is_decided_against_it():
+    assert read_layout(Switchable(parallel=True)).parallel
+    assert not read_layout(Switchable(parallel=False)).parallel
+
+
+def test_norms_after_the_sublayers_are_told_from_the_norms_before():
+    assert read_layout(Sandwich()) == BlockLayout("attn", "ff", "pre_a", "pre_b", "post_a", "post_b", parallel=False)
+
+
+def test_a_scaled_residual_is_not_recognized_and_the_reason_shows_the_expression():
+    with pytest.raises(Unrecognized, match=r"self\.attn\(self\.ln_a\(x\)\)\[0\] \* self\.scale"):
+        read_layout(Scaled())
+
+
+# -- generic families of real model types, through the suites --------------------------
+
+
+class TestGenericSequential(LayerSuite, AttentionSuite):
+    """StarCoder2: a pre-norm block with LayerNorms, on the shared attention interface."""
+
+    family = generic("starcoder2")
+
+
+class TestGenericParallel(LayerSuite, AttentionSuite):
+    """Cohere: a parallel block whose one norm feeds both sublayers."""
+
+    family = generic("cohere")
+
+
+class TestGenericSandwich(LayerSuite, AttentionSuite):
+    """AFMoE: a norm before and after each sublayer, in its own spellings, and a mixture of experts."""
+
+    family = generic("afmoe")
+
+
+class TestGenericPostNorm(LayerSuite, AttentionSuite):
+    """FlexOlmo: the sublayers read the stream itself and normalize their outputs before adding them."""
+
+    family = generic("flex_olmo")
+
+
+class TestGenericSequentialMlp(LayerSuite, AttentionSuite):
+    """CTRL: a pre-norm block whose MLP is a torch Sequential, with no act_fn or down_proj to read neurons at."""
+
+    family = generic("ctrl")
+
+
+class TestGenericAttentionSink(LayerSuite, AttentionSuite):
+    """GPT-OSS: its eager attention concatenates a sink to the scores, so the interior is left to a family."""
+
+    family = generic("gpt_oss")
+
+
+def test_an_eager_function_with_a_sink_leaves_the_interior_out_with_the_reason():
+    model = TestGenericAttentionSink.build_model()
+    (reason,) = set(model.support()["self_attn.attention_probabilities"].values())
+    assert "modeling_gpt_oss.eager_attention_forward" in reason and "sink" in reason
+    assert model.support()["self_attn.attention_output"] is None
+
+
+def test_a_parallel_block_has_no_stream_between_its_sublayers():
+    model = TestGenericParallel.build_model()
+    assert model.support()["layer_mid"] == dict.fromkeys(range(model.num_layers), PARALLEL)
+    assert model.support()["mlp_norm_output"] is None
+
+
+def test_a_post_norm_block_has_no_pre_norm_outputs():
+    model = TestGenericPostNorm.build_model()
+    assert model.support()["attention_norm_output"] == dict.fromkeys(range(model.num_layers), POST_NORM_ATTENTION)
+
+
+def test_an_attention_off_the_shared_interface_says_its_interior_is_out_of_reach():
+    layout = read_layout(PreNorm())
+    attention = attention_envoy({Mixer}, layout)
+    assert attention.off_interface(None) == OWN_ATTENTION.format(name="Mixer")
+
+
+def test_an_mlp_without_the_standard_children_says_its_neurons_are_out_of_reach():
+    model = TestGenericSequentialMlp.build_model()
+    (reason,) = set(model.support()["mlp.mlp_neurons"].values())
+    assert "(Sequential)" in reason and "down_proj" in reason and "RENAME" in reason
+    assert model.support()["mlp.mlp_output"] is None
+    with pytest.raises(nnterp.Unavailable, match="no down_proj module"):
+        with model.trace("Hello"):
+            model.layers[0].mlp.mlp_neurons.save()
+
+
+def test_a_saved_model_of_an_unnamed_type_loads_by_path_as_generic(tmp_path):
+    save_tiny(generic("cohere"), tmp_path)
+    model = StandardizedTransformer(tmp_path)
+    assert model.family is generic("cohere")
+    assert model.generic.startswith("parallel block")
+    assert repr(model).startswith(f"StandardizedTransformer (generic family of 'cohere': {model.generic})")
+    assert model.support().generic == model.generic
+    assert "generic family" in repr(model.support())
+
+
+def test_a_named_family_is_not_marked_generic():
+    model = nnterp.testing.tiny_standardized("llama")
+    assert model.generic is None
+    assert repr(model).startswith("StandardizedTransformer (family llama)")
+
+
+def test_an_unrecognized_type_raises_before_loading_naming_what_it_found_and_the_fix(tmp_path):
+    save_tiny(_bert_family(), tmp_path)
+    with pytest.raises(UnknownModelType, match=r"'bert'.*apply_chunking_to_forward.*Write a family") as raised:
+        StandardizedTransformer(tmp_path)
+    assert raised.value.reasons and raised.value.distribution is None
+
+
+def _bert_family():
+    """BERT as a decoder: a post-norm block, x -> norm(x + attn(x)), which no generic layout serves."""
+    import types
+
+    family = types.ModuleType("bert_for_the_test")
+    family.MODEL_TYPES = ("bert",)
+    family.TINY_CONFIG = dict(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, is_decoder=True
+    )
+    return family
+
+
+def test_the_census_marks_generic_and_unserved_types_with_their_reasons():
+    rows = {row.model_type: row for row in coverage()}
+    assert rows["cohere"].generic == generic("cohere").GENERIC and rows["cohere"].plugin == "attention"
+    assert rows["llama"].family == "llama" and rows["llama"].generic is None
+    assert not rows["bert"].served and "apply_chunking_to_forward" in rows["bert"].reason

@@ -1,0 +1,80 @@
+"""Tiny configs for model types no family describes: the type's default config, shrunk.
+
+A family states its ``TINY_CONFIG``; a generic family (a model type served
+from the layout of its blocks) has no one to write it, so its tiny config is
+the model type's default config with every size it has set small: the
+width, depth, heads, vocabulary, experts, and the latent and rotary sizes
+that must stay consistent with them. The sizes are the config's own
+attributes, found through its ``attribute_map`` (GPT-2's ``n_embd`` is
+``hidden_size``), so the result is a dict of the config's own keyword
+arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .models import TOKEN_IDS
+
+#: Standard config attribute -> its tiny value. Only those the default config has are set.
+TINY_SIZES: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "ffn_hidden_size": 128,
+    "vocab_size": 96,
+    "max_position_embeddings": 128,
+    "sliding_window": 64,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 16,
+    "qk_rope_head_dim": 16,
+    "rotary_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+}
+
+
+def tiny_overrides(model_type: str) -> dict[str, Any]:
+    """Keyword arguments for ``AutoConfig.for_model(model_type, ...)`` that shrink every size the config has.
+
+    A size the default config leaves ``None`` stays ``None`` (the model derives
+    it); ``layer_types``, where the config lists one per layer, keeps its
+    first ones. A multimodal config's sizes are its text config's, and its
+    text config takes the local tokenizer's special ids as well.
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type)
+    text = config.get_text_config()
+    # Read as saved: a config with per-layer sizes refuses to read them as attributes.
+    saved = text.to_dict()
+    fields = {standard: text.attribute_map.get(standard, standard) for standard in TINY_SIZES}
+    overrides = {own: TINY_SIZES[standard] for standard, own in fields.items() if saved.get(own) is not None}
+    experts = ("num_experts", "num_local_experts", "n_routed_experts")
+    if any(fields[name] in overrides for name in experts) and fields["num_experts_per_tok"] in saved:
+        # A mixture with its top-k left unset (DeepSeek-V2's default) routes nowhere.
+        overrides[fields["num_experts_per_tok"]] = TINY_SIZES["num_experts_per_tok"]
+    heads, kv_heads = fields["num_attention_heads"], fields["num_key_value_heads"]
+    if kv_heads in overrides and saved[kv_heads] == saved.get(heads):
+        # Multi-head (and latent) attention stays so: its keys may not be repeatable to grouped heads.
+        overrides[kv_heads] = overrides[heads]
+    layers = overrides.get(fields["num_hidden_layers"], TINY_SIZES["num_hidden_layers"])
+    for name in ("layer_types", "mlp_layer_types"):
+        kinds = saved.get(name)
+        if isinstance(kinds, (list, tuple)) and len(kinds) > layers:
+            overrides[name] = list(kinds[:layers])
+    if text is config:
+        return overrides
+    return {"text_config": {**text.to_dict(), **TOKEN_IDS, **overrides}}
