@@ -58,22 +58,22 @@ def test_unknown_family_names_the_installed_ones(core_plugin):
 
 
 def test_unknown_model_type_names_it_the_plugins_and_the_distribution(core_plugin, monkeypatch):
-    monkeypatch.setitem(KNOWN_DISTRIBUTIONS, "bloom", "nnterp-bloom")
+    monkeypatch.setitem(KNOWN_DISTRIBUTIONS, "xlnet", "nnterp-xlnet")
     with pytest.raises(UnknownModelType) as raised:
-        nnterp.REGISTRY.family_for("bloom")
+        nnterp.REGISTRY.family_for("xlnet")
     message = str(raised.value)
-    assert "model_type 'bloom'" in message
+    assert "model_type 'xlnet'" in message
     assert "core-tests (registered directly)" in message
-    assert "handled by nnterp-bloom: pip install nnterp-bloom" in message
+    assert "handled by nnterp-xlnet: pip install nnterp-xlnet" in message
 
 
 def test_loading_a_model_no_plugin_handles_fails_before_loading_it():
     from transformers import AutoConfig, AutoModelForCausalLM
 
     unhandled = AutoModelForCausalLM.from_config(
-        AutoConfig.for_model("bloom", vocab_size=64, hidden_size=16, n_layer=1, n_head=2)
+        AutoConfig.for_model("xlnet", vocab_size=64, d_model=16, n_layer=1, n_head=2, d_inner=32)
     )
-    with pytest.raises(UnknownModelType, match="model_type 'bloom'"):
+    with pytest.raises(UnknownModelType, match="model_type 'xlnet'"):
         StandardizedTransformer(unhandled)
 
 

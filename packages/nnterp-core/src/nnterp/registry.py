@@ -57,7 +57,7 @@ KNOWN_DISTRIBUTIONS = {
         ),
         "nnterp-deltanet",
     ),
-    **dict.fromkeys(("mamba", "falcon_mamba", "jamba"), "nnterp-mamba"),
+    **dict.fromkeys(("mamba", "falcon_mamba", "jamba", "zamba"), "nnterp-mamba"),
     **dict.fromkeys(("mamba2", "nemotron_h", "bamba", "falcon_h1", "zamba2", "granitemoehybrid"), "nnterp-ssd"),
 }
 

@@ -1,22 +1,24 @@
-"""The blocks around a Mamba-1 mixer: Mamba's one-sublayer block, and Jamba's mixture of experts."""
+"""The blocks around a Mamba-1 mixer: the one-sublayer block (Mamba, Zamba), and Jamba's mixture of experts."""
 
 from __future__ import annotations
 
 from nnterp import Layer, Mlp, unavailable
 
 ONE_SUBLAYER = (
-    "a Mamba block has one sublayer, the mixer, and no MLP: layer_input + linear_attn.attention_output is layer_output"
+    "a Mamba block adds one sublayer to the residual stream, the mixer (a Zamba hybrid block's shared transformer "
+    "feeds the mixer's input): layer_input + linear_attn.attention_output is layer_output"
 )
 EXPERT_NEURONS = "a mixture of experts: each expert has its own neurons, inside the experts module"
 
 
 class MambaLayer(Layer):
-    """A Mamba / Falcon-Mamba block: a norm and a mixer, ``layer_input + linear_attn.attention_output == layer_output``.
+    """A Mamba / Falcon-Mamba / Zamba block: a norm and a mixer, ``layer_input + linear_attn.attention_output == layer_output``.
 
     The norm in front of the mixer is ``input_layernorm`` (Mamba's ``norm``),
-    so ``attention_norm_output`` is what the mixer is called with. There is no
-    MLP, so the values between the sublayers and in front of the MLP do not
-    exist on this block.
+    so ``attention_norm_output`` is what the mixer is called with. No MLP adds
+    to the stream (a Zamba hybrid block's shared transformer reaches it through
+    the mixer's input), so the values between the sublayers and in front of
+    the MLP do not exist on this block.
     """
 
     layer_mid = unavailable(ONE_SUBLAYER)

@@ -2,13 +2,13 @@
 
 import nnterp
 
-from .families import falcon_mamba, jamba, mamba
+from .families import falcon_mamba, jamba, mamba, zamba
 from .selective_scan import SelectiveScan, needs_token_loop
 
 
 @nnterp.hookimpl
 def nnterp_families():
-    return [mamba, falcon_mamba, jamba]
+    return [mamba, falcon_mamba, jamba, zamba]
 
 
 @nnterp.hookimpl

@@ -68,6 +68,10 @@ class RecurrentMixer(CallOrder, Sublayer):
     - ``PER_TOKEN``: how the state after every token is had
       (:mod:`.per_token`: a token loop the prompt is routed to, the scan's own
       loop, or chunk boundaries one token apart).
+    - ``CALLS_PER_FORWARD``: where the forward makes its kernel call more than
+      once (Zamba's scan, once per Mamba head in a loop), the module attribute
+      counting the calls; the kernel's values are then unavailable unless it
+      is 1 (:func:`~.kernels.needs_kernel_call`).
 
     - ``BRANCH``: the binding the forward makes before it picks a kernel,
       ``True`` when the call continues a cached state; ``SEQ_OP``: the masking
@@ -96,6 +100,9 @@ class RecurrentMixer(CallOrder, Sublayer):
     PROMPT: KernelCall
     DECODE: KernelCall
     PER_TOKEN: PerToken
+    #: The mixer module's attribute counting the kernel calls one forward makes, where the forward calls its kernel
+    #: in a loop (``"n_mamba_heads"``); ``None``: once per forward.
+    CALLS_PER_FORWARD: str | None = None
     #: The call inside transformers' hub dispatcher wrapper that runs the kernel's body.
     DISPATCHED: str = "implementation_0"
 
