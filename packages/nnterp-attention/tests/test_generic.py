@@ -1,14 +1,15 @@
 """The generic family: model types no plugin names, served from the layout read off their blocks' forward."""
 
 import pytest
+import torch
 from torch import nn
 
 import nnterp
 from nnterp import PARALLEL, POST_NORM_ATTENTION, StandardizedTransformer, UnknownModelType, Unrecognized
 from nnterp.census import coverage, tiny_config_of
-from nnterp.testing import AttentionSuite, LayerSuite, save_tiny
+from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close, save_tiny
 from nnterp_attention.block_layout import BlockLayout, read_layout
-from nnterp_attention.generic import OWN_ATTENTION, attention_envoy, generic_family
+from nnterp_attention.generic import attention_envoy, generic_family
 
 
 def generic(model_type):
@@ -76,10 +77,12 @@ class Sandwich(nn.Module):
 
 
 class Scaled(nn.Module):
-    def __init__(self):
+    """Each contribution times a number the block holds (Granite's residual multiplier), or a learned gate."""
+
+    def __init__(self, scale):
         super().__init__()
         self.ln_a, self.attn, self.ln_b, self.ff = Norm(4), Mixer(4, 4), Norm(4), nn.Linear(4, 4)
-        self.scale = 0.5
+        self.scale = scale
 
     def forward(self, x):
         x = x + self.attn(self.ln_a(x))[0] * self.scale
@@ -99,9 +102,14 @@ def test_norms_after_the_sublayers_are_told_from_the_norms_before():
     assert read_layout(Sandwich()) == BlockLayout("attn", "ff", "pre_a", "pre_b", "post_a", "post_b", parallel=False)
 
 
-def test_a_scaled_residual_is_not_recognized_and_the_reason_shows_the_expression():
+def test_a_contribution_scaled_by_a_number_the_block_holds_is_read_with_its_scale():
+    layout = read_layout(Scaled(0.5))
+    assert (layout.attention_scale, layout.mlp_scale) == ("scale", "scale")
+
+
+def test_a_contribution_scaled_by_a_learned_gate_is_not_recognized_and_the_reason_shows_the_expression():
     with pytest.raises(Unrecognized, match=r"self\.attn\(self\.ln_a\(x\)\)\[0\] \* self\.scale"):
-        read_layout(Scaled())
+        read_layout(Scaled(nn.Parameter(torch.tensor(0.5))))
 
 
 # -- generic families of real model types, through the suites --------------------------
@@ -150,6 +158,23 @@ def test_an_eager_function_with_a_sink_leaves_the_interior_out_with_the_reason()
     assert model.support()["self_attn.attention_output"] is None
 
 
+class TestGenericScaled(LayerSuite, AttentionSuite):
+    """Granite: each contribution is the sublayer's output times the block's residual_multiplier."""
+
+    family = generic("granite")
+    load = {"residual_multiplier": 0.5}  # the default 1.0 would make the scale invisible
+
+
+def test_a_scaled_contribution_is_written_back_divided_by_its_scale():
+    model = TestGenericScaled.build_model()
+    with model.trace(PROMPT):
+        layer = model.layers[0]
+        entering = layer.layer_input.save()
+        layer.self_attn.attention_output = torch.ones_like(layer.self_attn.attention_output)
+        mid = layer.layer_mid.save()
+    close(mid, entering + 1, what="layer_mid after assigning ones to the scaled attention_output")
+
+
 def test_a_parallel_block_has_no_stream_between_its_sublayers():
     model = TestGenericParallel.build_model()
     assert model.support()["layer_mid"] == dict.fromkeys(range(model.num_layers), PARALLEL)
@@ -162,9 +187,14 @@ def test_a_post_norm_block_has_no_pre_norm_outputs():
 
 
 def test_an_attention_off_the_shared_interface_says_its_interior_is_out_of_reach():
+    class Projected(Mixer):
+        def __init__(self):
+            super().__init__(4, 4)
+            self.o_proj = nn.Linear(4, 4)
+
     layout = read_layout(PreNorm())
-    attention = attention_envoy({Mixer}, layout)
-    assert attention.off_interface(None) == OWN_ATTENTION.format(name="Mixer")
+    assert "Projected.forward does not call" in attention_envoy([Projected()], layout).off_interface(None)
+    assert "no output projection" in attention_envoy([Mixer(4, 4)], layout).off_interface(None)
 
 
 def test_an_mlp_without_the_standard_children_says_its_neurons_are_out_of_reach():

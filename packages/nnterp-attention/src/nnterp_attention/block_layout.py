@@ -28,7 +28,8 @@ import torch
 
 from nnterp.registry import Unrecognized
 
-#: A term: ("input",), ("out", child, term), ("sum", terms...), ("tuple", terms...), ("opaque", why).
+#: A term: ("input",), ("out", child, term), ("sum", terms...), ("tuple", terms...), ("scaled", term, attribute)
+#: (a term times a number the module holds), ("opaque", why).
 Term = tuple
 INPUT: Term = ("input",)
 #: Methods that change a tensor's dtype or memory layout and nothing it holds.
@@ -44,7 +45,10 @@ class BlockLayout:
     ``attention_post_norm`` and ``mlp_post_norm`` the norms after them
     (``None`` where the sublayer's output is added as it is); ``parallel``
     says both sublayers read the block's input; ``returned`` how many
-    elements the block returns in a tuple (0: the hidden states alone).
+    elements the block returns in a tuple (0: the hidden states alone);
+    ``attention_scale`` and ``mlp_scale`` the block's attributes a
+    contribution is multiplied by before it is added (Granite's
+    ``residual_multiplier``), ``None`` where it is added as it is.
     """
 
     attention: str
@@ -55,6 +59,8 @@ class BlockLayout:
     mlp_post_norm: str | None
     parallel: bool
     returned: int = 0
+    attention_scale: str | None = None
+    mlp_scale: str | None = None
 
 
 def opaque(why: str) -> Term:
@@ -155,6 +161,14 @@ class ForwardReader:
         except Exception:
             return None
 
+    def number_attribute(self, node: ast.expr) -> str | None:
+        """``name`` when ``node`` is ``self.name`` and the module holds a number there (a residual multiplier)."""
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            value = getattr(self.block, node.attr, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return node.attr
+        return None
+
     def bind(self, target: ast.expr, value: Term, env: dict[str, Term]) -> None:
         if isinstance(target, ast.Name):
             env[target.id] = value
@@ -172,6 +186,11 @@ class ForwardReader:
             if left[0] == "tuple":
                 return left
             return add(left, right)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for term, factor in ((node.left, node.right), (node.right, node.left)):
+                attribute = self.number_attribute(factor)
+                if attribute is not None:
+                    return ("scaled", self.value(term, env), attribute)
         if isinstance(node, ast.Tuple):
             return ("tuple", *(self.value(element, env) for element in node.elts))
         if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
@@ -251,23 +270,29 @@ def read_layout(block: torch.nn.Module) -> BlockLayout:
         second.post_norm,
         parallel,
         returned,
+        first.scale,
+        second.scale,
     )
 
 
 @dataclass(frozen=True)
 class Chain:
-    """One contribution: ``post_norm(module(pre_norm(stream)))``, either norm absent."""
+    """One contribution: ``post_norm(module(pre_norm(stream))) * scale``, either norm and the scale absent."""
 
     term: Term
     module: str
     pre_norm: str | None
     post_norm: str | None
     stream: Term
+    scale: str | None = None
 
 
 def chain(contribution: Term, children: dict[str, torch.nn.Module]) -> Chain:
     """The modules a contribution passes through, outermost first, split into the sublayer and its norms."""
-    names, term = [], contribution
+    scale = None
+    if contribution[0] == "scaled":
+        scale = contribution[2]
+    names, term = [], contribution[1] if scale else contribution
     while term[0] == "out":
         names.append(term[1])
         term = term[2]
@@ -283,6 +308,7 @@ def chain(contribution: Term, children: dict[str, torch.nn.Module]) -> Chain:
         names[at + 1] if at + 1 < len(names) else None,
         names[0] if at == 1 else None,
         term,
+        scale,
     )
 
 
@@ -306,22 +332,24 @@ def describe(term: Term) -> str:
         return " + ".join(describe(part) for part in term[1:])
     if kind == "tuple":
         return "(" + ", ".join(describe(part) for part in term[1:]) + ")"
+    if kind == "scaled":
+        return f"{describe(term[1])} * {term[2]}"
     return f"<{term[1]}>"
 
 
 def describe_layout(layout: BlockLayout) -> str:
     """A layout as the expression its block computes: ``x + self_attn(n1(x)) + mlp(n2(...))`` in its own names."""
 
-    def contribution(module: str, pre: str | None, post: str | None, stream: str) -> str:
+    def contribution(module: str, pre: str | None, post: str | None, scale: str | None, stream: str) -> str:
         term = f"{module}({pre}({stream}))" if pre else f"{module}({stream})"
-        return f"{post}({term})" if post else term
+        term = f"{post}({term})" if post else term
+        return f"{term} * {scale}" if scale else term
 
-    attention = contribution(layout.attention, layout.attention_norm, layout.attention_post_norm, "x")
-    stream = "x" if layout.parallel else "x + attn"
-    mlp = contribution(layout.mlp, layout.mlp_norm, layout.mlp_post_norm, stream)
-    kind = "parallel" if layout.parallel else "sequential"
-    return (
-        f"{kind} block, x + {attention} + {mlp}"
-        if layout.parallel
-        else f"{kind} block, attn = {attention}, then x + attn + {mlp}"
+    attention = contribution(
+        layout.attention, layout.attention_norm, layout.attention_post_norm, layout.attention_scale, "x"
     )
+    stream = "x" if layout.parallel else "x + attn"
+    mlp = contribution(layout.mlp, layout.mlp_norm, layout.mlp_post_norm, layout.mlp_scale, stream)
+    if layout.parallel:
+        return f"parallel block, x + {attention} + {mlp}"
+    return f"sequential block, attn = {attention}, then x + attn + {mlp}"

@@ -26,12 +26,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from nnterp import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, EProperty, Layer, Mlp, TupleLayer
+from nnterp import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, EProperty, Layer, Mlp, TupleLayer, contribution
 from nnterp.layouts import Residual
 from nnterp.registry import Unrecognized
 from nnterp.testing.shrink import tiny_overrides
 
-from .attention import Attention
+from .attention import OUTPUT_PROJECTIONS, Attention
 from .block_layout import BlockLayout, describe_layout, is_norm, read_layout
 
 #: Why an attention's interior is out of reach when its forward does not call the shared interface.
@@ -44,6 +44,11 @@ OWN_EAGER = (
     "read inside the eager attention function, and {function} computes its pattern otherwise than "
     "transformers' standard one (an attention sink, another softmax); a family for this model type says where "
     "these values are read"
+)
+#: Why it is out of reach when the attention has no output projection to read its head sizes against.
+OWN_HEADS = (
+    "read inside the attention, whose heads {name} arranges its own way (it has no output projection, "
+    "{projections}, to read their sizes against); a family for this model type says how its heads are laid out"
 )
 #: The attention interface call the standard Attention reads its interior at.
 INTERFACE_CALL = "attention_interface"
@@ -95,6 +100,53 @@ class GenericLayer(Layer):
         return value
 
 
+def _scale(envoy: Any) -> float:
+    return getattr(envoy.parent._module, envoy.SCALE)
+
+
+class ScaledAttention(Attention):
+    """An attention whose output the block multiplies by a number it holds (``SCALE``) before adding it."""
+
+    SCALE: ClassVar[str]
+
+    @EProperty(contribution)
+    def attention_output(self, value: Any) -> Residual:
+        """What the attention adds to the residual stream: its output times the block's ``SCALE``, [batch, seq, hidden_size].
+
+        A scaled copy: assign to replace it (the assignment is divided back).
+        """
+        return value * _scale(self)
+
+    @attention_output.postprocess
+    def attention_output(self, value: Any) -> Any:
+        return value / _scale(self)
+
+
+class ScaledMlp(Mlp):
+    """An MLP whose output the block multiplies by a number it holds (``SCALE``) before adding it."""
+
+    SCALE: ClassVar[str]
+
+    @EProperty(contribution)
+    def mlp_output(self, value: Any) -> Residual:
+        """What the MLP adds to the residual stream: its output times the block's ``SCALE``, [batch, seq, hidden_size].
+
+        A scaled copy: assign to replace it (the assignment is divided back).
+        """
+        return value * _scale(self)
+
+    @mlp_output.postprocess
+    def mlp_output(self, value: Any) -> Any:
+        return value / _scale(self)
+
+
+def scaled(sublayer: type, scaled_base: type, scale: str | None) -> type:
+    """``sublayer``, its contribution multiplied by the block's attribute ``scale`` where there is one."""
+    if scale is None:
+        return sublayer
+    return type(sublayer.__name__, (scaled_base, sublayer), {"__module__": __name__, "SCALE": scale})
+
+
 def generic_family(config: Any) -> ModuleType | Unrecognized | None:
     """The generic family of ``config``'s model, or :class:`Unrecognized` saying why its blocks are not served.
 
@@ -138,10 +190,14 @@ def build_family(model_type: str, model: torch.nn.Module) -> ModuleType:
         raise Unrecognized(f"its blocks differ in layout ({len(layouts)} layouts), which a generic family cannot name")
     (layout,) = layouts
     names = dict(model.named_modules())
-    attention_classes = {type(names[f"{layers_path}.{i}.{layout.attention}"]) for i in range(len(blocks))}
+    attentions = {
+        type(module): module for module in (names[f"{layers_path}.{i}.{layout.attention}"] for i in range(len(blocks)))
+    }
+    attention_classes = set(attentions)
     mlp_classes = {type(names[f"{layers_path}.{i}.{layout.mlp}"]) for i in range(len(blocks))}
-    attention = attention_envoy(attention_classes, layout)
+    attention = scaled(attention_envoy(list(attentions.values()), layout), ScaledAttention, layout.attention_scale)
     mlp = Mlp if layout.mlp_post_norm is None else contributing(Mlp, layout.mlp_post_norm)
+    mlp = scaled(mlp, ScaledMlp, layout.mlp_scale)
     bases = (GenericLayer, TupleLayer) if layout.returned else (GenericLayer,)
     layer = type("GenericLayer", bases, {"__module__": __name__, "LAYOUT": layout, "RETURNED": layout.returned})
     envoys: dict = dict.fromkeys({type(block) for block in blocks}, layer)
@@ -198,25 +254,29 @@ def model_rename(model: torch.nn.Module, layers_path: str) -> dict[str, str]:
     return {path: alias for path, alias in rename.items() if path != alias}
 
 
-def attention_envoy(classes: set[type], layout: BlockLayout) -> type[Attention]:
+def attention_envoy(modules: list[torch.nn.Module], layout: BlockLayout) -> type[Attention]:
     """An Attention whose contribution is read after its post-norm, if any, and whose interior says where it is."""
     attention = Attention if layout.attention_post_norm is None else contributing(Attention, layout.attention_post_norm)
-    reasons = sorted(filter(None, (interior_reason(cls) for cls in classes)))
+    reasons = sorted(filter(None, (interior_reason(module) for module in modules)))
     if not reasons:
         return attention
     reason = reasons[0]
     return type("GenericAttention", (attention,), {"__module__": __name__, "off_interface": lambda self: reason})
 
 
-def interior_reason(cls: type) -> str | None:
-    """Why the standard Attention cannot read ``cls``'s interior, or ``None`` when it can.
+def interior_reason(module: torch.nn.Module) -> str | None:
+    """Why the standard Attention cannot read ``module``'s interior, or ``None`` when it can.
 
     It can when the forward calls the attention interface and the eager
     function it falls back to (its modeling module's
     ``eager_attention_forward``) has the standard's operations: one
     ``nn.functional.softmax`` of the scores, then one ``nn.functional.dropout``,
-    and nothing concatenated to the scores (an attention sink).
+    and nothing concatenated to the scores (an attention sink); and when the
+    module has an output projection, against which its head sizes are read.
     """
+    cls = type(module)
+    if not any(hasattr(module, name) for name in OUTPUT_PROJECTIONS):
+        return OWN_HEADS.format(name=cls.__name__, projections=", ".join(OUTPUT_PROJECTIONS))
     if not calls(cls.forward, INTERFACE_CALL):
         return OWN_ATTENTION.format(name=cls.__name__)
     eager = getattr(inspect.getmodule(cls), "eager_attention_forward", None)
