@@ -6,6 +6,8 @@ import torch
 
 from nnterp.testing import PROMPT, AttentionSuite, close
 
+from .attention import OUTPUT_PROJECTIONS
+
 
 def causal_softmax(bias: torch.Tensor) -> torch.Tensor:
     """The pattern a bias that depends on the key alone gives, [..., seq, seq]: its softmax over each query's causal keys.
@@ -33,3 +35,23 @@ class AlibiAttentionSuite(AttentionSuite):
                     scores = attention.attention_scores.save()
                     pattern = attention.attention_probabilities.save()
                 close(pattern, causal_softmax(scores[..., -1:, :]), what=f"layers[{layer}] pattern under zero {name}")
+
+    def test_head_outputs_take_in_place_edits_and_assignment(self) -> None:
+        """Zeroing the last position's head outputs, in place or by assignment, leaves that position the projection's bias."""
+        attention = self.model.layers[0].self_attn
+        projection = next(getattr(attention, name) for name in OUTPUT_PROJECTIONS if hasattr(attention._module, name))
+        with self.model.trace(PROMPT):
+            clean = attention.attention_output.save()
+        with self.model.trace(PROMPT):
+            attention.attention_head_outputs[:, -1] = 0
+            edited = attention.attention_output.save()
+        with self.model.trace(PROMPT):
+            zeroed = attention.attention_head_outputs.clone()
+            zeroed[:, -1] = 0
+            attention.attention_head_outputs = zeroed
+            assigned = attention.attention_output.save()
+        bias = projection._module.bias
+        expected = torch.zeros_like(edited[0, -1]) if bias is None else bias
+        close(edited[:, :-1], clean[:, :-1], what="outputs before the edited position")
+        close(edited[0, -1], expected, what="the edited position's output: the output projection's bias alone")
+        close(assigned, edited, what="assigned vs in-place zeroed head outputs")

@@ -46,11 +46,15 @@ TINY_SIZES: dict[str, Any] = {
 }
 
 
+#: Sizes set even where the default config holds ``None``, since a model reads them as they are.
+REQUIRED_WHEN_PRESENT = ("head_dim", "num_key_value_heads")
+
+
 def tiny_overrides(model_type: str) -> dict[str, Any]:
     """Keyword arguments for ``AutoConfig.for_model(model_type, ...)`` that shrink every size the config has.
 
     A size the default config leaves ``None`` stays ``None`` (the model derives
-    it); ``layer_types``, where the config lists one per layer, keeps its
+    it), but for the head width and key/value head count (``REQUIRED_WHEN_PRESENT``); ``layer_types``, where the config lists one per layer, keeps its
     first ones. A multimodal config's sizes are its text config's, and its
     text config takes the local tokenizer's special ids as well.
     """
@@ -62,12 +66,20 @@ def tiny_overrides(model_type: str) -> dict[str, Any]:
     saved = text.to_dict()
     fields = {standard: text.attribute_map.get(standard, standard) for standard in TINY_SIZES}
     overrides = {own: TINY_SIZES[standard] for standard, own in fields.items() if saved.get(own) is not None}
+    # A head width the model reads as it is, or a key/value head count left to mean "as many as the queries":
+    # set where the config has the key at all (Ministral's head_dim, Nemotron's key/value heads default to None).
+    for standard in REQUIRED_WHEN_PRESENT:
+        own = fields[standard]
+        if own in saved and saved[own] is None:
+            overrides[own] = (
+                TINY_SIZES[standard] if standard == "head_dim" else overrides.get(fields["num_attention_heads"])
+            )
     experts = ("num_experts", "num_local_experts", "n_routed_experts")
     if any(fields[name] in overrides for name in experts) and fields["num_experts_per_tok"] in saved:
         # A mixture with its top-k left unset (DeepSeek-V2's default) routes nowhere.
         overrides[fields["num_experts_per_tok"]] = TINY_SIZES["num_experts_per_tok"]
     heads, kv_heads = fields["num_attention_heads"], fields["num_key_value_heads"]
-    if kv_heads in overrides and saved[kv_heads] == saved.get(heads):
+    if saved.get(kv_heads) is not None and saved[kv_heads] == saved.get(heads):
         # Multi-head (and latent) attention stays so: its keys may not be repeatable to grouped heads.
         overrides[kv_heads] = overrides[heads]
     layers = overrides.get(fields["num_hidden_layers"], TINY_SIZES["num_hidden_layers"])
