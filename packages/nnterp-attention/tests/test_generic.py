@@ -175,6 +175,28 @@ def test_a_scaled_contribution_is_written_back_divided_by_its_scale():
     close(mid, entering + 1, what="layer_mid after assigning ones to the scaled attention_output")
 
 
+class TestGenericUnpackedMlp(LayerSuite, AttentionSuite):
+    """XGLM: a BART-style pre-norm block whose MLP is its own fc1, activation_fn and fc2, as a decoder-only model."""
+
+    family = generic("xglm")
+
+
+def test_an_unpacked_mlp_serves_its_neurons_and_output_at_its_projections():
+    model = TestGenericUnpackedMlp.build_model()
+    mlp = model.layers[0].mlp
+    with model.trace(PROMPT):
+        normed = model.layers[0].mlp_norm_output.save()
+        entering = model.layers[0].mlp_input.save()
+        activation = mlp.mlp_activation.save()
+        neurons = mlp.mlp_neurons.save()
+        output = mlp.mlp_output.save()
+    projection = mlp._module
+    assert neurons.shape[-1] == mlp.intermediate_size == projection.in_features
+    close(neurons, activation, what="the activation's output is the neurons (no dropout in eval)")
+    close(torch.nn.functional.linear(neurons, projection.weight, projection.bias), output, what="fc2(neurons)")
+    close(entering, normed, what="the MLP is called with its pre-norm's output")
+
+
 def test_a_parallel_block_has_no_stream_between_its_sublayers():
     model = TestGenericParallel.build_model()
     assert model.support()["layer_mid"] == dict.fromkeys(range(model.num_layers), PARALLEL)
@@ -195,6 +217,9 @@ def test_an_attention_off_the_shared_interface_says_its_interior_is_out_of_reach
     layout = read_layout(PreNorm())
     assert "Projected.forward does not call" in attention_envoy([Projected()], layout).off_interface(None)
     assert "no output projection" in attention_envoy([Mixer(4, 4)], layout).off_interface(None)
+    model = TestGenericUnpackedMlp.build_model()
+    (reason,) = set(model.support()["self_attn.attention_probabilities"].values())
+    assert "XGLMAttention.forward does not call" in reason
 
 
 def test_an_mlp_without_the_standard_children_says_its_neurons_are_out_of_reach():

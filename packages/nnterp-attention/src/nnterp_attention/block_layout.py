@@ -48,7 +48,10 @@ class BlockLayout:
     elements the block returns in a tuple (0: the hidden states alone);
     ``attention_scale`` and ``mlp_scale`` the block's attributes a
     contribution is multiplied by before it is added (Granite's
-    ``residual_multiplier``), ``None`` where it is added as it is.
+    ``residual_multiplier``), ``None`` where it is added as it is. An MLP
+    the block spells out in its own children (BART's ``fc1``,
+    ``activation_fn``, ``fc2``) is ``mlp``, its last projection, with
+    ``mlp_entry`` its first and ``mlp_activation`` the activation between.
     """
 
     attention: str
@@ -61,6 +64,8 @@ class BlockLayout:
     returned: int = 0
     attention_scale: str | None = None
     mlp_scale: str | None = None
+    mlp_entry: str | None = None
+    mlp_activation: str | None = None
 
 
 def opaque(why: str) -> Term:
@@ -256,6 +261,8 @@ def read_layout(block: torch.nn.Module) -> BlockLayout:
         if first.pre_norm is None or second.pre_norm is None:
             raise Unrecognized("a parallel block whose sublayers read its input without a norm")
     attention = children[first.module]
+    if first.entry is not None:
+        raise Unrecognized(f"its first sublayer is spelled out in several modules: {describe(first.term)}")
     if not is_attention(first.module) and "att" not in type(attention).__name__.lower():
         raise Unrecognized(
             f"its first sublayer, {first.module} ({type(attention).__name__}), is not an attention; "
@@ -272,12 +279,19 @@ def read_layout(block: torch.nn.Module) -> BlockLayout:
         returned,
         first.scale,
         second.scale,
+        second.entry,
+        second.activation,
     )
 
 
 @dataclass(frozen=True)
 class Chain:
-    """One contribution: ``post_norm(module(pre_norm(stream))) * scale``, either norm and the scale absent."""
+    """One contribution: ``post_norm(module(pre_norm(stream))) * scale``, either norm and the scale absent.
+
+    An MLP a block spells out in its own children (``fc2(activation_fn(fc1(x)))``)
+    has ``module`` its last projection, ``entry`` its first and ``activation``
+    the one between.
+    """
 
     term: Term
     module: str
@@ -285,6 +299,8 @@ class Chain:
     post_norm: str | None
     stream: Term
     scale: str | None = None
+    entry: str | None = None
+    activation: str | None = None
 
 
 def chain(contribution: Term, children: dict[str, torch.nn.Module]) -> Chain:
@@ -299,16 +315,23 @@ def chain(contribution: Term, children: dict[str, torch.nn.Module]) -> Chain:
     if term != INPUT and term[0] != "sum":
         raise Unrecognized(f"a contribution does not start from the residual stream: {describe(contribution)}")
     sublayers = [index for index, name in enumerate(names) if not is_norm(children[name])]
-    if len(sublayers) != 1 or len(names) - sublayers[0] > 2 or sublayers[0] > 1:
-        raise Unrecognized(f"a contribution is not one sublayer between at most two norms: {describe(contribution)}")
-    at = sublayers[0]
+    if not sublayers or sublayers != list(range(sublayers[0], sublayers[-1] + 1)):
+        raise Unrecognized(f"a contribution is not one sublayer between norms: {describe(contribution)}")
+    first, last = sublayers[0], sublayers[-1]
+    if first > 1 or len(names) - last > 2 or last - first > 2:
+        raise Unrecognized(
+            f"a contribution is not one sublayer (or projection, activation, projection) between at most two norms: "
+            f"{describe(contribution)}"
+        )
     return Chain(
         contribution,
-        names[at],
-        names[at + 1] if at + 1 < len(names) else None,
-        names[0] if at == 1 else None,
+        names[first],
+        names[last + 1] if last + 1 < len(names) else None,
+        names[0] if first == 1 else None,
         term,
         scale,
+        names[last] if last > first else None,
+        names[first + 1] if last - first == 2 else None,
     )
 
 
@@ -340,16 +363,19 @@ def describe(term: Term) -> str:
 def describe_layout(layout: BlockLayout) -> str:
     """A layout as the expression its block computes: ``x + self_attn(n1(x)) + mlp(n2(...))`` in its own names."""
 
-    def contribution(module: str, pre: str | None, post: str | None, scale: str | None, stream: str) -> str:
-        term = f"{module}({pre}({stream}))" if pre else f"{module}({stream})"
+    def contribution(modules: list, pre: str | None, post: str | None, scale: str | None, stream: str) -> str:
+        term = f"{pre}({stream})" if pre else stream
+        for module in reversed([name for name in modules if name]):
+            term = f"{module}({term})"
         term = f"{post}({term})" if post else term
         return f"{term} * {scale}" if scale else term
 
     attention = contribution(
-        layout.attention, layout.attention_norm, layout.attention_post_norm, layout.attention_scale, "x"
+        [layout.attention], layout.attention_norm, layout.attention_post_norm, layout.attention_scale, "x"
     )
     stream = "x" if layout.parallel else "x + attn"
-    mlp = contribution(layout.mlp, layout.mlp_norm, layout.mlp_post_norm, layout.mlp_scale, stream)
+    mlp_modules = [layout.mlp, layout.mlp_activation, layout.mlp_entry]
+    mlp = contribution(mlp_modules, layout.mlp_norm, layout.mlp_post_norm, layout.mlp_scale, stream)
     if layout.parallel:
         return f"parallel block, x + {attention} + {mlp}"
     return f"sequential block, attn = {attention}, then x + attn + {mlp}"

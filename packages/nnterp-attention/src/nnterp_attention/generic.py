@@ -5,12 +5,15 @@ plugins to recognize it (``nnterp_generic_family``). This plugin builds the
 model on the meta device (no weights, no memory), finds its decoder blocks,
 reads each block's layout off its forward (``block_layout``), and, when the
 blocks are a softmax attention and an MLP added to the residual stream in a
-layout it knows (pre-norm, parallel, or with a norm after a sublayer), builds
-a family module for that model type: the standard envoys keyed on the
-model's own classes, and aliases from its own spellings to the standard
-names. The attention's interior values are served where its forward calls
-transformers' shared attention interface, and are unavailable with the
-reason where it does not.
+layout it knows (pre-norm, parallel, with a norm after a sublayer, scaled by
+a number the block holds), builds a family module for that model type: the
+standard envoys keyed on the model's own classes, the block's values keyed on
+the norms the layout names in the block's own spelling, and the standard
+names ``layers``, ``self_attn``, ``mlp``, ``embed_tokens``, ``ln_final`` and
+``lm_head`` aliased to the model's modules. The attention's interior values
+are served where its forward calls transformers' shared attention interface
+and the eager function behind it is the standard one, and are unavailable
+with the reason where not.
 
 A generic family says so: its ``GENERIC`` is the recognized layout, which
 ``StandardizedTransformer``'s repr, ``support()`` and ``nnterp plugins`` show.
@@ -27,7 +30,7 @@ from typing import Any, ClassVar
 import torch
 
 from nnterp import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, EProperty, Layer, Mlp, TupleLayer, contribution
-from nnterp.layouts import Residual
+from nnterp.layouts import Neurons, Residual
 from nnterp.registry import Unrecognized
 from nnterp.testing.shrink import tiny_overrides
 
@@ -91,6 +94,14 @@ class GenericLayer(Layer):
         """
         return value
 
+    @EProperty(lambda layer: f"{layer.LAYOUT.mlp_entry or 'mlp'}.input")
+    def mlp_input(self, value: Any) -> Residual:
+        """What the MLP is called with (its first projection's input where the block spells it out), [batch, seq, hidden_size].
+
+        Assign or edit in place.
+        """
+        return value
+
     @EProperty(_norm("mlp_norm", "output"), unavailable=_without("mlp_norm", POST_NORM_MLP))
     def mlp_norm_output(self, value: Any) -> Residual:
         """The MLP's pre-norm output, [batch, seq, hidden_size]; on a block with one shared norm, the attention's.
@@ -147,6 +158,40 @@ def scaled(sublayer: type, scaled_base: type, scale: str | None) -> type:
     return type(sublayer.__name__, (scaled_base, sublayer), {"__module__": __name__, "SCALE": scale})
 
 
+NO_ACTIVATION_MODULE = (
+    "the block calls no activation module between its MLP's projections; read mlp_neurons, the last projection's input"
+)
+
+
+class UnpackedMlp(Mlp):
+    """An MLP a block spells out in its own children (BART's ``fc1``, ``activation_fn``, ``fc2``), at its last projection.
+
+    ``layers[i].mlp`` is that projection, whose output is what the block adds
+    and whose input is the neurons; ``ACTIVATION`` names the block's activation
+    module, whose output is ``mlp_activation``.
+    """
+
+    ACTIVATION: ClassVar[str | None]
+
+    @property
+    def intermediate_size(self) -> int:
+        """Width of the MLP's hidden layer: the last projection's input width."""
+        return self._module.in_features
+
+    @EProperty(
+        lambda mlp: f"../{mlp.ACTIVATION}.output",
+        unavailable=lambda mlp: NO_ACTIVATION_MODULE if mlp.ACTIVATION is None else None,
+    )
+    def mlp_activation(self, value: Any) -> Neurons:
+        """The activation's output, [batch, seq, intermediate_size]. Assign or edit in place."""
+        return value
+
+    @EProperty("input")
+    def mlp_neurons(self, value: Any) -> Neurons:
+        """The neurons the last projection sums, [batch, seq, intermediate_size]. Assign or edit in place."""
+        return value
+
+
 def generic_family(config: Any) -> ModuleType | Unrecognized | None:
     """The generic family of ``config``'s model, or :class:`Unrecognized` saying why its blocks are not served.
 
@@ -196,13 +241,19 @@ def build_family(model_type: str, model: torch.nn.Module) -> ModuleType:
     attention_classes = set(attentions)
     mlp_classes = {type(names[f"{layers_path}.{i}.{layout.mlp}"]) for i in range(len(blocks))}
     attention = scaled(attention_envoy(list(attentions.values()), layout), ScaledAttention, layout.attention_scale)
-    mlp = Mlp if layout.mlp_post_norm is None else contributing(Mlp, layout.mlp_post_norm)
+    if layout.mlp_entry is None:
+        mlp = Mlp
+    else:
+        unpacked = {"__module__": __name__, "ACTIVATION": layout.mlp_activation}
+        mlp = type("UnpackedMlp", (UnpackedMlp,), unpacked)
+    mlp = mlp if layout.mlp_post_norm is None else contributing(mlp, layout.mlp_post_norm)
     mlp = scaled(mlp, ScaledMlp, layout.mlp_scale)
     bases = (GenericLayer, TupleLayer) if layout.returned else (GenericLayer,)
     layer = type("GenericLayer", bases, {"__module__": __name__, "LAYOUT": layout, "RETURNED": layout.returned})
     envoys: dict = dict.fromkeys({type(block) for block in blocks}, layer)
     envoys.update(dict.fromkeys(attention_classes, attention))
-    envoys.update(dict.fromkeys(mlp_classes, mlp))
+    # An unpacked MLP's last projection is a plain Linear, so it is keyed by its name in the block, not its class.
+    envoys.update(dict.fromkeys(mlp_classes if layout.mlp_entry is None else [layout.mlp], mlp))
     rename = {
         **model_rename(model, layers_path),
         **{name: alias for name, alias in ((layout.attention, "self_attn"), (layout.mlp, "mlp")) if name != alias},
@@ -230,7 +281,8 @@ FAMILIES: dict[tuple, ModuleType] = {}
 def find_blocks(model: torch.nn.Module) -> tuple[str, list[torch.nn.Module]]:
     """The path of the model's decoder blocks and the blocks: the module list as long as the config's layer count."""
     config = model.config.get_text_config()
-    count = getattr(config, "num_hidden_layers", None)
+    # A decoder-only model of an encoder-decoder family (BART's ForCausalLM) counts its blocks as decoder_layers.
+    count = getattr(config, "decoder_layers", None) or getattr(config, "num_hidden_layers", None)
     for path, module in model.named_modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) == count and count:
             return path, list(module)

@@ -20,6 +20,10 @@ from .models import TOKEN_IDS
 TINY_SIZES: dict[str, Any] = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
+    "decoder_layers": 2,
+    "decoder_attention_heads": 4,
+    "decoder_ffn_dim": 128,
+    "encoder_ffn_dim": 128,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 16,
