@@ -89,6 +89,28 @@ class Scaled(nn.Module):
         return x + self.ff(self.ln_b(x)) * self.scale
 
 
+class Reshaped(nn.Module):
+    """An MLP over flattened tokens (Llama-4's experts), its output put back in the stream's shape or left flat."""
+
+    def __init__(self, restore):
+        super().__init__()
+        self.restore = restore
+        self.ln_a, self.attn, self.ln_b = Norm(4), Mixer(4, 4), Norm(4)
+        self.ff = nn.Sequential(nn.Linear(4, 4), nn.Flatten(0, 1))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_a(x))[0]
+        if self.restore:
+            return x + self.ff(self.ln_b(x)).view(x.shape)
+        return x + self.ff(self.ln_b(x)).reshape(-1, 4)
+
+
+def test_a_reshape_back_to_the_streams_shape_is_the_same_value_and_a_flattening_is_not():
+    assert read_layout(Reshaped(restore=True)).mlp == "ff"
+    with pytest.raises(Unrecognized, match=r"reshape\(-1, 4\)"):
+        read_layout(Reshaped(restore=False))
+
+
 def test_a_pre_norm_block_is_read_with_its_norms_and_sublayers():
     assert read_layout(PreNorm()) == BlockLayout("attn", "ff", "ln_a", "ln_b", None, None, parallel=False, returned=1)
 

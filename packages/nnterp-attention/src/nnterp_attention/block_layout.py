@@ -34,6 +34,8 @@ Term = tuple
 INPUT: Term = ("input",)
 #: Methods that change a tensor's dtype or memory layout and nothing it holds.
 DTYPE_CASTS = ("to", "float", "contiguous")
+#: Methods that give a tensor a shape: transparent when the shape is another tensor's (``x.view(residual.shape)``).
+RESHAPES = ("view", "reshape")
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,18 @@ class ForwardReader:
             return self.value(stream, env)
         if isinstance(function, ast.Attribute) and function.attr in DTYPE_CASTS:
             return self.value(function.value, env)
+        if isinstance(function, ast.Attribute) and function.attr in RESHAPES and restores_a_shape(node):
+            return self.value(function.value, env)
         return opaque(ast.unparse(node)[:80])
+
+
+def restores_a_shape(node: ast.Call) -> bool:
+    """Whether a reshape's one argument is a tensor's ``.shape``: Llama-4's MoE output back in the stream's shape.
+
+    Only then is it the same value; ``reshape(-1, hidden)`` (OPT's flattened
+    tokens) is another layout, which a value read there would have.
+    """
+    return len(node.args) == 1 and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "shape"
 
 
 def keyword(node: ast.Call, name: str) -> ast.expr | None:
