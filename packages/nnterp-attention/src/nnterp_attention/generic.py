@@ -29,13 +29,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from nnterp import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, EProperty, Layer, Mlp, TupleLayer, contribution
+from nnterp import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, EProperty, Layer, Mlp, TupleLayer
 from nnterp.layouts import Neurons, Residual
 from nnterp.registry import Unrecognized
 from nnterp.testing.shrink import tiny_overrides
 
 from .attention import OUTPUT_PROJECTIONS, Attention
 from .block_layout import BlockLayout, describe_layout, is_norm, read_layout
+from .scaled import ScaledAttention, ScaledMlp
 
 #: Why an attention's interior is out of reach when its forward does not call the shared interface.
 OWN_ATTENTION = (
@@ -109,46 +110,6 @@ class GenericLayer(Layer):
         Assign or edit in place.
         """
         return value
-
-
-def _scale(envoy: Any) -> float:
-    return getattr(envoy.parent._module, envoy.SCALE)
-
-
-class ScaledAttention(Attention):
-    """An attention whose output the block multiplies by a number it holds (``SCALE``) before adding it."""
-
-    SCALE: ClassVar[str]
-
-    @EProperty(contribution)
-    def attention_output(self, value: Any) -> Residual:
-        """What the attention adds to the residual stream: its output times the block's ``SCALE``, [batch, seq, hidden_size].
-
-        A scaled copy: assign to replace it (the assignment is divided back).
-        """
-        return value * _scale(self)
-
-    @attention_output.postprocess
-    def attention_output(self, value: Any) -> Any:
-        return value / _scale(self)
-
-
-class ScaledMlp(Mlp):
-    """An MLP whose output the block multiplies by a number it holds (``SCALE``) before adding it."""
-
-    SCALE: ClassVar[str]
-
-    @EProperty(contribution)
-    def mlp_output(self, value: Any) -> Residual:
-        """What the MLP adds to the residual stream: its output times the block's ``SCALE``, [batch, seq, hidden_size].
-
-        A scaled copy: assign to replace it (the assignment is divided back).
-        """
-        return value * _scale(self)
-
-    @mlp_output.postprocess
-    def mlp_output(self, value: Any) -> Any:
-        return value / _scale(self)
 
 
 def scaled(sublayer: type, scaled_base: type, scale: str | None) -> type:

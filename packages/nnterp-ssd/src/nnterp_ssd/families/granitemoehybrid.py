@@ -15,7 +15,7 @@ from transformers.models.granitemoehybrid import modeling_granitemoehybrid as MO
 from nnterp import EProperty, Mlp
 from nnterp.components.per_token import ChunkBoundaries
 from nnterp.layouts import Neurons, Residual
-from nnterp_attention import Attention
+from nnterp_attention.scaled import ScaledAttention
 from nnterp_ssd.blocks import SourcedLayer
 from nnterp_ssd.state_space import StateSpace
 
@@ -56,20 +56,10 @@ class GraniteMoeHybridStateSpace(StateSpace):
         return value / _residual_multiplier(self)
 
 
-class GraniteMoeHybridAttention(Attention):
+class GraniteMoeHybridAttention(ScaledAttention):
     """Granite's softmax attention, whose contribution is scaled by residual_multiplier."""
 
-    @EProperty("output")
-    def attention_output(self, value: Any) -> Residual:
-        """What the attention adds to the residual stream: its output times residual_multiplier, [batch, seq, hidden_size].
-
-        A scaled copy: assign to replace it.
-        """
-        return value * _residual_multiplier(self)
-
-    @attention_output.postprocess
-    def attention_output(self, value: Any) -> Any:
-        return value / _residual_multiplier(self)
+    SCALE = "residual_multiplier"
 
 
 class GraniteMoeHybridFeedForward(Mlp):
