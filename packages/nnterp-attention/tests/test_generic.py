@@ -294,3 +294,13 @@ def test_the_census_marks_generic_and_unserved_types_with_their_reasons():
     assert rows["cohere"].generic == generic("cohere").GENERIC and rows["cohere"].plugin == "attention"
     assert rows["llama"].family == "llama" and rows["llama"].generic is None
     assert not rows["bert"].served and "apply_chunking_to_forward" in rows["bert"].reason
+
+
+def test_the_plugins_command_says_which_plugin_builds_generic_families():
+    import io
+
+    from nnterp import cli
+
+    out = io.StringIO()
+    assert cli.plugins(out) == 0
+    assert "attention also serves, with a generic family, a model type no family names" in out.getvalue()
