@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import nnterp
-from nnterp import PARALLEL, POST_NORM_ATTENTION, StandardizedTransformer, UnknownModelType, Unrecognized
+from nnterp import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, StandardizedTransformer, UnknownModelType, Unrecognized
 from nnterp.census import coverage, tiny_config_of
 from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close, save_tiny
 from nnterp_attention.block_layout import BlockLayout, read_layout
@@ -144,9 +144,9 @@ class TestGenericSequential(LayerSuite, AttentionSuite):
 
 
 class TestGenericParallel(LayerSuite, AttentionSuite):
-    """Cohere: a parallel block whose one norm feeds both sublayers."""
+    """CodeGen: a parallel block whose one norm feeds both sublayers."""
 
-    family = generic("cohere")
+    family = generic("codegen")
 
 
 class TestGenericSandwich(LayerSuite, AttentionSuite):
@@ -181,10 +181,10 @@ def test_an_eager_function_with_a_sink_leaves_the_interior_out_with_the_reason()
 
 
 class TestGenericScaled(LayerSuite, AttentionSuite):
-    """Granite: each contribution is the sublayer's output times the block's residual_multiplier."""
+    """MiniCPM3: each contribution is the sublayer's output times the block's residual_scale."""
 
-    family = generic("granite")
-    load = {"residual_multiplier": 0.5}  # the default 1.0 would make the scale invisible
+    family = generic("minicpm3")
+    load = {"scale_depth": 0.7}  # residual_scale is scale_depth / sqrt(layers): 0.49, not the default's near 1
 
 
 def test_a_scaled_contribution_is_written_back_divided_by_its_scale():
@@ -217,6 +217,22 @@ def test_an_unpacked_mlp_serves_its_neurons_and_output_at_its_projections():
     close(neurons, activation, what="the activation's output is the neurons (no dropout in eval)")
     close(torch.nn.functional.linear(neurons, projection.weight, projection.bias), output, what="fc2(neurons)")
     close(entering, normed, what="the MLP is called with its pre-norm's output")
+
+
+class TestGenericPostNormStream(LayerSuite, AttentionSuite):
+    """BART's decoder: a post-norm block, norm2(norm1(x + attn(x)) + mlp(norm1(...))), whose identity runs through its norms."""
+
+    family = generic("bart")
+
+
+def test_a_post_norm_block_names_the_norms_after_each_addition():
+    model = TestGenericPostNormStream.build_model()
+    assert model.layers[0].stream_norms() == ("self_attn_layer_norm", "final_layer_norm")
+    assert model.support()["mlp_norm_output"] == dict.fromkeys(range(model.num_layers), POST_NORM_MLP)
+    with model.trace(PROMPT):
+        mid = model.layers[0].layer_mid.save()
+        entering = model.layers[0].mlp_input.save()
+    close(mid, entering, what="the MLP reads the stream between the sublayers, the first norm's output")
 
 
 def test_a_parallel_block_has_no_stream_between_its_sublayers():
@@ -255,11 +271,11 @@ def test_an_mlp_without_the_standard_children_says_its_neurons_are_out_of_reach(
 
 
 def test_a_saved_model_of_an_unnamed_type_loads_by_path_as_generic(tmp_path):
-    save_tiny(generic("cohere"), tmp_path)
+    save_tiny(generic("codegen"), tmp_path)
     model = StandardizedTransformer(tmp_path)
-    assert model.family is generic("cohere")
+    assert model.family is generic("codegen")
     assert model.generic.startswith("parallel block")
-    assert repr(model).startswith(f"StandardizedTransformer (generic family of 'cohere': {model.generic})")
+    assert repr(model).startswith(f"StandardizedTransformer (generic family of 'codegen': {model.generic})")
     assert model.support().generic == model.generic
     assert "generic family" in repr(model.support())
 
@@ -291,7 +307,9 @@ def _bert_family():
 
 def test_the_census_marks_generic_and_unserved_types_with_their_reasons():
     rows = {row.model_type: row for row in coverage()}
-    assert rows["cohere"].generic == generic("cohere").GENERIC and rows["cohere"].plugin == "attention"
+    assert rows["codegen"].generic == generic("codegen").GENERIC and rows["codegen"].plugin == "attention"
+    # Cohere's blocks are a parallel layout, but it scales its logits after the head, where logits are read
+    assert not rows["cohere"].served and "logits = logits * self.logit_scale" in rows["cohere"].reason
     assert rows["llama"].family == "llama" and rows["llama"].generic is None
     assert not rows["bert"].served and "apply_chunking_to_forward" in rows["bert"].reason
 

@@ -54,6 +54,9 @@ class BlockLayout:
     the block spells out in its own children (BART's ``fc1``,
     ``activation_fn``, ``fc2``) is ``mlp``, its last projection, with
     ``mlp_entry`` its first and ``mlp_activation`` the activation between.
+    ``attention_stream_norm`` and ``mlp_stream_norm`` are a post-norm
+    block's norms of the stream right after each addition (BART's
+    ``self_attn_layer_norm`` and ``final_layer_norm``).
     """
 
     attention: str
@@ -68,6 +71,8 @@ class BlockLayout:
     mlp_scale: str | None = None
     mlp_entry: str | None = None
     mlp_activation: str | None = None
+    attention_stream_norm: str | None = None
+    mlp_stream_norm: str | None = None
 
 
 def opaque(why: str) -> Term:
@@ -257,22 +262,29 @@ def assigned_names(statement: ast.stmt) -> set[str]:
 def read_layout(block: torch.nn.Module) -> BlockLayout:
     """The layout of ``block``, read off its forward; raises :class:`Unrecognized` saying why when there is none."""
     output, returned = ForwardReader(block).returned()
-    if output[0] != "sum" or INPUT not in output[1:] or is_opaque(output):
-        raise Unrecognized(f"its output is not its input plus its sublayers' outputs: {describe(output)}")
-    contributions = [part for part in output[1:] if part != INPUT]
-    if len(contributions) != 2:
-        raise Unrecognized(f"it adds {len(contributions)} contributions to its input, not an attention and an MLP")
     children = dict(block.named_children())
-    first, second = (chain(part, children) for part in contributions)
-    if first.stream != INPUT:
-        first, second = second, first
-    parallel = second.stream == INPUT
-    if not parallel and second.stream != add(INPUT, contributions[contributions.index(first.term)]):
-        raise Unrecognized(f"its second sublayer reads {describe(second.stream)}, not the stream after the first")
-    if parallel:
-        first, second = sorted((first, second), key=lambda part: not is_attention(part.module))
-        if first.pre_norm is None or second.pre_norm is None:
-            raise Unrecognized("a parallel block whose sublayers read its input without a norm")
+    if is_opaque(output):
+        raise Unrecognized(f"its output is not its input plus its sublayers' outputs: {describe(output)}")
+    if renormalized(output, children):
+        first, second, stream_norms = post_norm_chains(output, children)
+        parallel = False
+    else:
+        if output[0] != "sum" or INPUT not in output[1:]:
+            raise Unrecognized(f"its output is not its input plus its sublayers' outputs: {describe(output)}")
+        contributions = [part for part in output[1:] if part != INPUT]
+        if len(contributions) != 2:
+            raise Unrecognized(f"it adds {len(contributions)} contributions to its input, not an attention and an MLP")
+        first, second = (chain(part, children) for part in contributions)
+        if first.stream != INPUT:
+            first, second = second, first
+        stream_norms = (None, None)
+        parallel = second.stream == INPUT
+        if not parallel and second.stream != add(INPUT, first.term):
+            raise Unrecognized(f"its second sublayer reads {describe(second.stream)}, not the stream after the first")
+        if parallel:
+            first, second = sorted((first, second), key=lambda part: not is_attention(part.module))
+            if first.pre_norm is None or second.pre_norm is None:
+                raise Unrecognized("a parallel block whose sublayers read its input without a norm")
     attention = children[first.module]
     if first.entry is not None:
         raise Unrecognized(f"its first sublayer is spelled out in several modules: {describe(first.term)}")
@@ -294,6 +306,36 @@ def read_layout(block: torch.nn.Module) -> BlockLayout:
         second.scale,
         second.entry,
         second.activation,
+        *stream_norms,
+    )
+
+
+def renormalized(term: Term, children: dict[str, torch.nn.Module]) -> bool:
+    """Whether ``term`` is a norm of a sum: a post-norm block's stream right after an addition."""
+    return term[0] == "out" and term[1] in children and is_norm(children[term[1]]) and term[2][0] == "sum"
+
+
+def post_norm_chains(output: Term, children: dict[str, torch.nn.Module]) -> tuple[Chain, Chain, tuple[str, str]]:
+    """The sublayers of a post-norm block, ``norm2(norm1(x + attn(x)) + mlp(norm1(...)))``, and its two norms."""
+    total = output[2]
+    middles = [part for part in total[1:] if renormalized(part, children) and INPUT in part[2][1:]]
+    if len(middles) != 1 or len(total) != 3 or len(middles[0][2]) != 3:
+        raise Unrecognized(f"its output is not a post-norm block's, norm(norm(x + attn) + mlp): {describe(output)}")
+    middle = middles[0]
+    attention = next(part for part in middle[2][1:] if part != INPUT)
+    mlp = next(part for part in total[1:] if part != middle)
+    first = chain(attention, children)
+    # The MLP reads the normalized stream: its chain runs through the first norm to the sum under it.
+    second = chain(mlp, children)
+    if first.stream != INPUT or second.pre_norm != middle[1] or second.stream != middle[2]:
+        raise Unrecognized(f"its sublayers do not read the post-norm block's streams: {describe(output)}")
+    return (
+        first,
+        Chain(mlp, second.module, None, second.post_norm, middle, second.scale, second.entry, second.activation),
+        (
+            middle[1],
+            output[1],
+        ),
     )
 
 
@@ -391,4 +433,10 @@ def describe_layout(layout: BlockLayout) -> str:
     mlp = contribution(mlp_modules, layout.mlp_norm, layout.mlp_post_norm, layout.mlp_scale, stream)
     if layout.parallel:
         return f"parallel block, x + {attention} + {mlp}"
+    if layout.attention_stream_norm:
+        mlp = contribution(mlp_modules, None, layout.mlp_post_norm, layout.mlp_scale, "mid")
+        return (
+            f"post-norm block, mid = {layout.attention_stream_norm}(x + {attention}), "
+            f"then {layout.mlp_stream_norm}(mid + {mlp})"
+        )
     return f"sequential block, attn = {attention}, then x + attn + {mlp}"

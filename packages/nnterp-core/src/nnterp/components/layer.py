@@ -30,7 +30,20 @@ class Layer(Standard):
     contributions add up::
 
         layer_input + attention_output + mlp_output == layer_output
+
+    except on a post-norm block (BART's), which normalizes the stream right
+    after each addition (``stream_norms``): there
+    ``layer_output == norm2(norm1(layer_input + attention_output) + mlp_output)``.
     """
+
+    def stream_norms(self) -> tuple[str | None, ...]:
+        """The norms the block applies to the residual stream right after adding each contribution, in their order.
+
+        Names relative to the block, ``None`` where a contribution is added and
+        the stream goes on as it is; empty (the default) where that is every
+        contribution, as on a pre-norm block.
+        """
+        return ()
 
     @EProperty("input")
     def layer_input(self, value: Any) -> Residual:

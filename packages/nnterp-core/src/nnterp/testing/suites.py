@@ -85,8 +85,20 @@ class LayerSuite(Suite):
                 outputs.append(layer.layer_output.save())
         for i in range(model.num_layers):
             assert plan[i], f"block {i} has no sublayer contribution"
-            total = inputs[i] + sum(parts[i])
+            total = self.stream_after(i, inputs[i], parts[i])
             close(total, outputs[i], what=f"layers[{i}]: layer_input + {plan[i]} vs layer_output")
+
+    def stream_after(self, layer: int, entering: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+        """The residual stream after adding ``parts`` to ``entering`` in order, each sum normalized where the block does."""
+        block = self.model.layers[layer]
+        norms = block.stream_norms() or (None,) * len(parts)
+        stream = entering
+        for part, norm in zip(parts, norms, strict=False):
+            stream = stream + part
+            if norm is not None:
+                with torch.no_grad():
+                    stream = block._module.get_submodule(norm)(stream)
+        return stream
 
     def test_layer_mid_is_input_plus_the_sequence_mixers(self) -> None:
         model = self.model
@@ -103,7 +115,9 @@ class LayerSuite(Suite):
                 parts = [getattr(getattr(layer, module), value).save() for module, value in mixers[i]]
                 saved[i] = (entering, parts, layer.layer_mid.save())
         for i, (entering, parts, mid) in saved.items():
-            close(entering + sum(parts), mid, what=f"layers[{i}]: layer_input + {mixers[i]} vs layer_mid")
+            close(
+                self.stream_after(i, entering, parts), mid, what=f"layers[{i}]: layer_input + {mixers[i]} vs layer_mid"
+            )
 
     def test_assigned_layer_output_is_next_layer_input(self) -> None:
         model = self.model
