@@ -204,7 +204,6 @@ def build_family(model_type: str, model: torch.nn.Module) -> ModuleType:
     layouts = {read_layout(block) for block in blocks}
     if len(layouts) != 1:
         raise Unrecognized(f"its blocks differ in layout ({len(layouts)} layouts), which a generic family cannot name")
-    check_logits(model)
     (layout,) = layouts
     names = dict(model.named_modules())
     attentions = {
@@ -248,27 +247,6 @@ def build_family(model_type: str, model: torch.nn.Module) -> ModuleType:
 
 #: The generic families built, by model type, layout and aliases.
 FAMILIES: dict[tuple, ModuleType] = {}
-
-
-def check_logits(model: torch.nn.Module) -> None:
-    """Raise :class:`Unrecognized` unless the model's logits are its head's output, where ``logits`` reads them.
-
-    The forward's top-level assignments to ``logits`` must be the one call of
-    its head (ProphetNet's are a slice of its n-gram streams' predictions).
-    """
-    head = model.get_output_embeddings()
-    name = next((name for name, child in model.named_children() if child is head), None)
-    assignments = [
-        node.value
-        for node in parse(type(model).forward).body[0].body
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "logits" for t in node.targets)
-    ]
-    calls_head = [
-        value for value in assignments if isinstance(value, ast.Call) and ast.unparse(value.func) == f"self.{name}"
-    ]
-    if name is None or len(assignments) != 1 or len(calls_head) != 1:
-        found = "; ".join(f"logits = {ast.unparse(value)}" for value in assignments) or "no assignment to logits"
-        raise Unrecognized(f"its logits are not its head's output ({found})")
 
 
 def find_blocks(model: torch.nn.Module) -> tuple[str, list[torch.nn.Module]]:

@@ -7,7 +7,8 @@ says where each value lives and the same declaration serves every model whose
 modules are spelled the same way:
 
 - ``"output"``: the host module's own output (its first tensor when the module
-  returns a tuple; an assignment is put back into the tuple).
+  returns a tuple; an assignment is put back into the tuple); ``select="name"``
+  picks one field of an output that is a mapping (a transformers ``ModelOutput``).
 - ``"inputs"`` with ``select=i`` (or ``select="name"``): one argument of the
   host's forward call; an :class:`ArgumentSelection` (a :class:`BoundArgument`
   finds it by the called function's own signature) for one that moves.
@@ -437,6 +438,8 @@ def pick(attribute: str, element: int | str | ArgumentSelection | None, raw: Any
     if attribute == "output":
         if isinstance(raw, tuple):
             return raw[0 if element is None else element]
+        if isinstance(element, str):
+            return raw[element]
         return raw
     return raw
 
@@ -455,6 +458,9 @@ def place(attribute: str, element: int | str | ArgumentSelection | None, raw: An
     if attribute == "output" and isinstance(raw, tuple):
         index = 0 if element is None else element
         return (*raw[:index], value, *raw[index + 1 :])
+    if attribute == "output" and isinstance(element, str):
+        raw[element] = value
+        return raw
     return value
 
 

@@ -130,9 +130,15 @@ class StandardizedTransformer(TransformersModel):
 
     # -- standard values of the whole model --------------------------------------
 
-    @EProperty("lm_head.output")
+    @EProperty("output", select="logits")
     def logits(self, value: Any) -> Logits:
-        """The language-model head's output, [batch, seq, vocab_size]. Assign or edit in place."""
+        """The model's logits, [batch, seq, vocab_size]: its output's, after whatever follows the head.
+
+        Read where the model returns them, so a family that scales or
+        soft-caps the head's output (Gemma-2's final soft-capping, Granite's
+        logits scaling, Cohere's logit scale) serves what generation samples
+        from. Assign or edit in place.
+        """
         return value
 
     def _next_token_probs(self) -> Probabilities:

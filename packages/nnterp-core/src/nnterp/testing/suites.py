@@ -190,8 +190,27 @@ class LayerSuite(Suite):
             probs = model.next_token_probs.save()
         seq = len(model.tokenizer(PROMPT).input_ids)
         assert tuple(logits.shape) == (1, seq, model.vocab_size)
+        with torch.no_grad():
+            plain = model._module(**model.tokenizer(PROMPT, return_tensors="pt")).logits
+        close(logits, plain, what="logits vs the model's own output (after any scaling or soft-capping of the head)")
         close(probs, torch.softmax(logits[:, -1].float(), dim=-1), what="next_token_probs")
         close(probs.sum(-1), torch.ones(1), atol=1e-4, what="next_token_probs row sums")
+
+    def test_a_logits_write_decides_the_generated_token(self) -> None:
+        """Logits are where generation samples from: favouring one token there makes greedy decoding pick it.
+
+        On the middle of three steps, as a model's generation config may force the first or the last token
+        (BART's forced EOS at the maximum length).
+        """
+        model = self.model
+        chosen = 7
+        with model.generate(PROMPT, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
+            for _ in tracer.iter[1]:
+                favoured = model.logits.clone()
+                favoured[:, -1, chosen] = favoured[:, -1].max() + 100
+                model.logits = favoured
+            generated = tracer.result.save()
+        assert generated[0, -2].item() == chosen, f"generated {generated[0, -2].item()} after favouring {chosen}"
 
     def test_unavailable_values_raise_what_support_reports(self) -> None:
         model = self.model
