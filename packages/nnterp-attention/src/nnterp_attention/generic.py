@@ -209,7 +209,6 @@ def build_family(model_type: str, model: torch.nn.Module) -> ModuleType:
     attentions = {
         type(module): module for module in (names[f"{layers_path}.{i}.{layout.attention}"] for i in range(len(blocks)))
     }
-    attention_classes = set(attentions)
     mlp_classes = {type(names[f"{layers_path}.{i}.{layout.mlp}"]) for i in range(len(blocks))}
     attention = scaled(attention_envoy(list(attentions.values()), layout), ScaledAttention, layout.attention_scale)
     if layout.mlp_entry is None:
@@ -222,7 +221,7 @@ def build_family(model_type: str, model: torch.nn.Module) -> ModuleType:
     bases = (GenericLayer, TupleLayer) if layout.returned else (GenericLayer,)
     layer = type("GenericLayer", bases, {"__module__": __name__, "LAYOUT": layout, "RETURNED": layout.returned})
     envoys: dict = dict.fromkeys({type(block) for block in blocks}, layer)
-    envoys.update(dict.fromkeys(attention_classes, attention))
+    envoys.update(dict.fromkeys(attentions, attention))
     # An unpacked MLP's last projection is a plain Linear, so it is keyed by its name in the block, not its class.
     envoys.update(dict.fromkeys(mlp_classes if layout.mlp_entry is None else [layout.mlp], mlp))
     rename = {

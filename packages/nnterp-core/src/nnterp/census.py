@@ -70,10 +70,11 @@ def coverage() -> list[Coverage]:
     rows = []
     for model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         kernels = recurrent_kernels(model_type)
+        config = tiny_config_of(model_type)
         try:
-            family = family_of(model_type)
+            family = serving(model_type, config)
         except UnknownModelType as error:
-            rows.append(Coverage(model_type, None, None, kernels, reason=why_not(model_type, error)))
+            rows.append(Coverage(model_type, None, None, kernels, reason=why_not(error, config)))
             continue
         generic = getattr(family, "GENERIC", None)
         plugin = generic_plugin if generic else plugin_of.get(id(family))
@@ -87,7 +88,11 @@ def family_of(model_type: str) -> Any:
     Raises:
         UnknownModelType: none does.
     """
-    config = tiny_config_of(model_type)
+    return serving(model_type, tiny_config_of(model_type))
+
+
+def serving(model_type: str, config: Any) -> Any:
+    """The family serving ``model_type`` given its tiny ``config`` (``None`` where none builds)."""
     return REGISTRY.family_for(model_type if config is None else config.model_type, config)
 
 
@@ -104,12 +109,12 @@ def tiny_config_of(model_type: str) -> Any:
         return None
 
 
-def why_not(model_type: str, error: UnknownModelType) -> str:
-    """Why ``model_type`` is not served, in one census line."""
+def why_not(error: UnknownModelType, config: Any) -> str:
+    """Why a model type is not served, in one census line, from the registry's error and its tiny ``config``."""
     if error.distribution is not None:
         return f"its family is in {error.distribution}, which is not installed"
     if error.reasons:
         return "; ".join(error.reasons)
-    if tiny_config_of(model_type) is None:
+    if config is None:
         return "its default config cannot be shrunk to a tiny one to read its layout"
     return "no installed plugin names it or recognizes it"
