@@ -19,12 +19,13 @@ from .census import Coverage, coverage
 from .components.kernels import needs_torch_kernels
 from .components.layer import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, Layer, TupleLayer
 from .components.mlp import Mlp
+from .components.moe import Moe, Scoring, mixture_reason, needs_grouped_experts, no_shared_expert
 from .components.per_call import per_call, pinned
 from .components.per_token import needs_recurrent_routing
 from .components.recurrent import RecurrentMixer
 from .components.routing import route_kernels
 from .components.standard import Standard, Sublayer, axis_size, blocks_support, contribution
-from .descriptor import DerivedEProperty, EProperty, Unavailable, unavailable
+from .descriptor import DerivedEProperty, EProperty, TokenEProperty, Unavailable, unavailable
 from .hookspecs import hookimpl, hookspec
 from .layouts import *  # noqa: F403
 from .order import OrderError
@@ -39,6 +40,7 @@ __all__ = [
     "EProperty",
     "Layer",
     "Mlp",
+    "Moe",
     "OrderError",
     "PARALLEL",
     "POST_NORM_ATTENTION",
@@ -47,8 +49,10 @@ __all__ = [
     "REGISTRY",
     "RecurrentMixer",
     "Standard",
+    "Scoring",
     "StandardizedTransformer",
     "Sublayer",
+    "TokenEProperty",
     "TupleLayer",
     "Unavailable",
     "UnknownFamily",
@@ -62,8 +66,11 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "layouts",
+    "mixture_reason",
+    "needs_grouped_experts",
     "needs_recurrent_routing",
     "needs_torch_kernels",
+    "no_shared_expert",
     "per_call",
     "pinned",
     "route_kernels",

@@ -81,10 +81,13 @@ def suite_for(family: ModuleType, model: Any) -> type:
 
     ``model`` (a tiny model of the family) only says which envoys the family uses; the suite builds its own.
     """
-    from .testing import LayerSuite
+    from .components.moe import Moe
+    from .testing import LayerSuite, MoeSuite
 
     envoy_types = {type(envoy) for envoy in model.modules()}
     suites: list[type] = [LayerSuite]
+    if any(issubclass(kind, Moe) for kind in envoy_types):
+        suites.append(MoeSuite)
     for envoy_class, suite in REGISTRY.suites().items():
         if suite not in suites and any(issubclass(kind, envoy_class) for kind in envoy_types):
             suites.append(suite)

@@ -276,7 +276,7 @@ class EProperty(eproperty):
                 return waiting.view
         raw = Mediator.value(location)
         attribute, element = self._attribute(obj), self._element(obj)
-        value = self._define(obj, pick(attribute, element, raw))
+        value = self._define(obj, self._rows(obj, pick(attribute, element, raw)))
         if self._transform is not None:
 
             def write_back() -> Any:
@@ -296,6 +296,7 @@ class EProperty(eproperty):
             self.check_layout(obj, self._serve(obj, raw), value)
             if self._postprocess is not None:
                 value = self._postprocess(obj, value)
+            value = self._whole(obj, pick(self._attribute(obj), self._element(obj), raw), value)
             if self._in_container(obj):
                 value = self._place(obj, raw, value)
             Mediator.swap(location, value)
@@ -388,7 +389,15 @@ class EProperty(eproperty):
         return self._attribute(obj) in ARGUMENT_ATTRIBUTES or self._attribute(obj) == "output"
 
     def _pick(self, obj: Envoy, raw: Any) -> Any:
-        return pick(self._attribute(obj), self._element(obj), raw)
+        return self._rows(obj, pick(self._attribute(obj), self._element(obj), raw))
+
+    def _rows(self, obj: Envoy, element: Any) -> Any:
+        """What the user is served of the model's element: the element itself, unless a subclass serves part of it."""
+        return element
+
+    def _whole(self, obj: Envoy, current: Any, value: Any) -> Any:
+        """The element to put in the model for an assigned ``value``: ``value``, unless it is part of ``current``."""
+        return value
 
     def _place(self, obj: Envoy, raw: Any, value: Any) -> Any:
         return place(self._attribute(obj), self._element(obj), raw, value)
@@ -422,6 +431,64 @@ class DerivedEProperty(EProperty):
 
     def is_operation(self) -> bool:
         return True
+
+
+class TokenEProperty(EProperty):
+    """A value the model may hold flat over tokens, ``[batch * seq, ...]``, served as this invoke's ``[batch, seq, ...]``.
+
+    A mixture of experts routes tokens, not sequences: its router and experts
+    see the block's input flattened to one row per token. The declaration is an
+    :class:`EProperty` in every other respect, and its layout is the
+    ``[batch, seq, ...]`` one the user reads and writes. A tensor one rank
+    below the layout is the flat one:
+
+    - a read serves this invoke's rows of it, unflattened: a view, so an
+      in-place edit lands on the model's tensor;
+    - an assignment of ``[batch, seq, ...]`` is checked against that view's
+      shape, then spliced into the whole flat tensor (the other invokes' rows
+      kept), which replaces the model's.
+
+    nnsight narrows a batched tensor to an invoke's rows only when its leading
+    axis is the batch; the flat one's is not, so it reaches every invoke whole
+    and the rows are found here, from the invoke's row group.
+    """
+
+    def _flat(self, element: Any) -> bool:
+        return isinstance(element, torch.Tensor) and self.dims is not None and element.dim() == len(self.dims) - 1
+
+    def _rows(self, obj: Envoy, element: Any) -> Any:
+        if not self._flat(element):
+            return element
+        total, start, size = invoke_rows(self.name)
+        if element.shape[0] % total:
+            raise ValueError(
+                f"{self.name} on {standard_path(obj)}: the model holds {element.shape[0]} token rows, which do not "
+                f"split into the {total} sequences of the batch"
+            )
+        return element.unflatten(0, (total, -1)).narrow(0, start, size)
+
+    def _whole(self, obj: Envoy, current: Any, value: Any) -> Any:
+        if not self._flat(current):
+            return value
+        total, start, size = invoke_rows(self.name)
+        whole = current.unflatten(0, (total, -1))
+        parts = (
+            whole.narrow(0, 0, start),
+            value.to(current.dtype),
+            whole.narrow(0, start + size, total - start - size),
+        )
+        return torch.cat(parts).flatten(0, 1)
+
+
+def invoke_rows(what: str) -> tuple[int, int, int]:
+    """The running batch's size, and the first row and row count of the invoke asking for ``what``."""
+    mediator = Mediator.current(what)
+    batcher = mediator.interleaver.batcher if mediator.interleaver is not None else None
+    if batcher is None or not batcher.total:
+        raise ValueError(f"{what}: no batch is running to split the model's token rows by")
+    group = mediator.batch_group
+    start, size = (0, batcher.total) if group is None or not batcher.batching else group
+    return batcher.total, start, size
 
 
 def pick(attribute: str, element: int | str | ArgumentSelection | None, raw: Any) -> Any:

@@ -32,6 +32,8 @@ STATE_DIM = "state_dim"
 CHANNELS = "channels"
 GROUPS = "groups"
 STREAMS = "streams"
+EXPERTS = "num_experts"
+TOP_K = "top_k"
 
 Residual = Float[Tensor, f"{BATCH} {SEQ} {HIDDEN}"]
 # A hyper-connection block's residual: several streams side by side, and what a sublayer adds into them.
@@ -40,6 +42,12 @@ Neurons = Float[Tensor, f"{BATCH} {SEQ} {INTERMEDIATE}"]
 Logits = Float[Tensor, f"{BATCH} {SEQ} {VOCAB}"]
 Probabilities = Float[Tensor, f"{BATCH} {VOCAB}"]
 TokenIds = Int[Tensor, f"{BATCH} {SEQ}"]
+
+# A mixture of experts' routing: one row per token, one column per expert or per routing slot.
+RouterLogits = Float[Tensor, f"{BATCH} {SEQ} {EXPERTS}"]
+ExpertWeights = Float[Tensor, f"{BATCH} {SEQ} {TOP_K}"]
+ExpertIndices = Int[Tensor, f"{BATCH} {SEQ} {TOP_K}"]
+ExpertOutputs = Float[Tensor, f"{BATCH} {SEQ} {TOP_K} {HIDDEN}"]
 
 Queries = Float[Tensor, f"{BATCH} {HEADS} {SEQ} {QK_HEAD_DIM}"]
 Keys = Float[Tensor, f"{BATCH} {KV_HEADS} {SEQ} {QK_HEAD_DIM}"]

@@ -1,6 +1,7 @@
 """Testing kit: tiny models built locally, and the conformance suites a family's tests mix in."""
 
 from .models import save_tiny, tiny_config, tiny_model, tiny_standardized
+from .moe import MoeSuite
 from .recurrent import RecurrentMixerSuite, check_positions, close_relative
 from .suites import ATOL, PROMPT, AttentionSuite, LayerSuite, Suite, blocks_with, close
 from .tokenizer import local_tokenizer
@@ -9,6 +10,7 @@ __all__ = [
     "ATOL",
     "AttentionSuite",
     "LayerSuite",
+    "MoeSuite",
     "PROMPT",
     "RecurrentMixerSuite",
     "Suite",

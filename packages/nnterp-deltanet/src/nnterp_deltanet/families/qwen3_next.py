@@ -2,20 +2,28 @@
 
 from transformers.models.qwen3_next import modeling_qwen3_next as MODELING
 
-from nnterp import Mlp
+from nnterp import Mlp, Moe, Scoring
 from nnterp_attention import Attention
-from nnterp_deltanet.blocks import ExpertsMlp, HybridLayer
+from nnterp_deltanet.blocks import HybridLayer
 from nnterp_deltanet.linear_attention import LinearAttention
+
+
+class Qwen3NextMoe(Moe):
+    """Softmax routing, renormalized where the config says; a shared expert behind a sigmoid gate."""
+
+    SCORING = Scoring(normalize="norm_topk_prob")
+    SHARED = "source.shared_expert_output_1.output"
+
 
 MODEL_TYPES = ("qwen3_next",)
 ENVOYS = {
     MODELING.Qwen3NextDecoderLayer: HybridLayer,
     MODELING.Qwen3NextGatedDeltaNet: LinearAttention,
     MODELING.Qwen3NextAttention: Attention,
-    MODELING.Qwen3NextSparseMoeBlock: ExpertsMlp,
+    MODELING.Qwen3NextSparseMoeBlock: Qwen3NextMoe,
     MODELING.Qwen3NextMLP: Mlp,
 }
-RENAME: dict = {}
+RENAME = {MODELING.Qwen3NextTopKRouter: "router"}
 TINY_CONFIG = dict(
     vocab_size=64,
     hidden_size=32,
