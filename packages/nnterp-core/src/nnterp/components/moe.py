@@ -53,7 +53,9 @@ class Scoring:
     logits first and scores only those (a softmax over the k chosen). The
     weights are the chosen scores, renormalized to sum to one where
     ``normalize`` is true or names a true router attribute
-    (``norm_topk_prob``), then multiplied by the router attribute ``scale``.
+    (``norm_topk_prob``), then multiplied by the router attribute ``scale``
+    (one number) and by the router attribute ``expert_scale`` at each chosen
+    expert (one number per expert).
 
     :meth:`route` is the reference: the MoE suite checks that it reproduces
     the served ``expert_indices`` and ``expert_weights`` from the served
@@ -65,6 +67,7 @@ class Scoring:
     normalize: bool | str = False
     bias: str | None = None
     scale: str | None = None
+    expert_scale: str | None = None
 
     def score(self, logits: torch.Tensor) -> torch.Tensor:
         """The scores of ``logits``, in float32."""
@@ -86,6 +89,8 @@ class Scoring:
             weights = weights / weights.sum(-1, keepdim=True)
         if self.scale is not None:
             weights = weights * getattr(router, self.scale)
+        if self.expert_scale is not None:
+            weights = weights * getattr(router, self.expert_scale).float()[indices]
         order = indices.argsort(-1)
         return indices.gather(-1, order), weights.gather(-1, order)
 
