@@ -41,7 +41,8 @@ class Layer(Standard):
 
         Names relative to the block, ``None`` where a contribution is added and
         the stream goes on as it is; empty (the default) where that is every
-        contribution, as on a pre-norm block.
+        contribution, as on a pre-norm block. A name may also be a tensor the
+        block multiplies the stream by (Gemma-4's buffer ``layer_scalar``).
         """
         return ()
 

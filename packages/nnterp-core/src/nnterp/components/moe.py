@@ -22,6 +22,7 @@ import torch
 from ..descriptor import BoundArgument, TokenEProperty, resolve, unavailable
 from ..layouts import ExpertIndices, ExpertOutputs, ExpertWeights, Residual, RouterLogits
 from .mlp import Mlp
+from .standard import contribution
 
 #: The experts implementations whose forward holds each slot's weighted output as one tensor.
 GROUPED = ("grouped_mm", "batched_mm")
@@ -203,6 +204,16 @@ class Moe(Mlp):
         # their values, once the worker is inside the call: the forward must be instrumented before the call.
         cls.sourced = cls.sourced or "source." in (cls.SHARED or "")
 
+    @TokenEProperty(contribution)
+    def mlp_output(self, value: Any) -> Residual:
+        """What the mixture adds to the residual stream, [batch, seq, hidden_size].
+
+        The module's output, or where the block changes it on the way in
+        (``CONTRIBUTION``); served per invoke where the module returns it flat
+        over tokens (Llama-4's). Assign or edit in place.
+        """
+        return value
+
     mlp_activation = unavailable(PER_EXPERT)
     mlp_neurons = unavailable(PER_EXPERT)
 
@@ -245,6 +256,15 @@ class Moe(Mlp):
     def intermediate_size(self) -> int:
         """Width of one routed expert's hidden layer, read off the experts module."""
         return self._size("intermediate_dim", "expert_dim", "intermediate_size", "ffn_hidden_size")
+
+    def mixture_output(self, routed: torch.Tensor, shared: torch.Tensor | None) -> torch.Tensor:
+        """What the block adds (``mlp_output``) from ``routed_output`` and ``shared_expert_output`` (``None`` without one).
+
+        Their sum; a family whose block combines the branches otherwise
+        (normalizing each, as Gemma-4's does) says how. The MoE suite checks
+        that it gives the served ``mlp_output``.
+        """
+        return routed if shared is None else routed + shared
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The indices and weights this mixture's router gives ``logits`` (``SCORING.route``): the reference routing."""

@@ -122,10 +122,10 @@ def blocks_support(blocks: list[Envoy], layer: int | None = None) -> dict[str, A
     """
     per_block = [_block_support(block) for block in blocks]
     names = list(dict.fromkeys(name for table in per_block for name in table))
-    for table in per_block:
+    for block, table in zip(blocks, per_block, strict=True):
         for name in names:
             if name not in table:
-                table[name] = f"no {name.split('.')[0]} module on this block"
+                table[name] = _missing(block, name)
     if layer is not None:
         return per_block[layer]
     support: dict[str, Any] = {}
@@ -133,6 +133,16 @@ def blocks_support(blocks: list[Envoy], layer: int | None = None) -> dict[str, A
         missing = {i: table[name] for i, table in enumerate(per_block) if table[name] is not None}
         support[name] = missing or None
     return support
+
+
+def _missing(block: Envoy, name: str) -> str:
+    """Why a value other blocks have is not on ``block``: it lacks the module, or its module is of a kind without it."""
+    owner, _, value = name.rpartition(".")
+    child = getattr(block, owner, None) if owner else block
+    if not isinstance(child, Envoy):
+        return f"no {owner} module on this block"
+    # A hybrid's dense MLP beside its mixtures of experts, say: the module is there, of another kind.
+    return f"this block's {owner or 'block'} is a {type(child).__name__}, which has no {value}"
 
 
 def _block_support(block: Envoy) -> dict[str, str | None]:

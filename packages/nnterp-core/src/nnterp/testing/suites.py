@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import tempfile
 import unittest
+from operator import attrgetter
 from typing import Any, ClassVar
 
 import torch
@@ -30,11 +31,22 @@ PROMPT = "Hello world, there"
 #: The sublayer contributions of a block, in the order a block's forward makes them unless its family says otherwise.
 CONTRIBUTIONS = (("self_attn", "attention_output"), ("linear_attn", "attention_output"), ("mlp", "mlp_output"))
 ATOL = 1e-5
+#: ``with raises(Error, "pattern"):``, as the suites run without pytest too (``nnterp check``).
+raises = unittest.TestCase().assertRaisesRegex
 
 
 def blocks_with(model: StandardizedTransformer, module: str) -> list[int]:
     """The indices of the blocks that have a child under the standard name ``module``; call it outside a trace."""
     return [i for i, layer in enumerate(model.layers) if getattr(layer, module, None) is not None]
+
+
+def before_mlp(contributions: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (module, value) contributions a block adds before its MLP's: all of them on a block without one.
+
+    Not every contribution but the MLP's: a per-layer input may be added after it (Gemma-4's).
+    """
+    modules = [module for module, _ in contributions]
+    return contributions[: modules.index("mlp")] if "mlp" in modules else contributions
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, atol: float = ATOL, what: str = "") -> None:
@@ -96,8 +108,9 @@ class LayerSuite(Suite):
         for part, norm in zip(parts, norms, strict=False):
             stream = stream + part
             if norm is not None:
+                step = attrgetter(norm)(block._module)
                 with torch.no_grad():
-                    stream = block._module.get_submodule(norm)(stream)
+                    stream = step(stream) if isinstance(step, torch.nn.Module) else stream * step
         return stream
 
     def test_layer_mid_is_input_plus_the_sequence_mixers(self) -> None:
@@ -106,7 +119,7 @@ class LayerSuite(Suite):
         blocks = [i for i in range(model.num_layers) if i not in unavailable]
         if not blocks:
             raise unittest.SkipTest(f"no block has a stream between its sublayers: {unavailable}")
-        mixers = {i: [part for part in self.contributions(i) if part[0] != "mlp"] for i in blocks}
+        mixers = {i: before_mlp(self.contributions(i)) for i in blocks}
         saved = {}
         with model.trace(PROMPT):
             for i in blocks:
@@ -221,6 +234,12 @@ class LayerSuite(Suite):
                 if reason is None or (owner and getattr(block, owner, None) is None):
                     continue
                 envoy = getattr(block, owner) if owner else block
+                if value not in type(envoy).values():
+                    # Another kind of module than the blocks that have the value: it has no such attribute at all.
+                    assert type(envoy).__name__ in reason, f"{name}: support says {reason!r}"
+                    with raises(AttributeError, value):
+                        getattr(envoy, value)
+                    continue
                 try:
                     with model.trace(PROMPT):
                         getattr(envoy, value).save()
