@@ -116,7 +116,7 @@ class SSDSuite(RecurrentMixerSuite):
 
     # -- the prompt ----------------------------------------------------------------
 
-    def test_sizes_match_served_shapes(self) -> None:
+    def test_mixer_sizes_match_served_shapes(self) -> None:
         seq = len(self.model.tokenizer(PROMPT).input_ids)
         saved = self.read_prompt(names=ARGUMENT_VALUES + ("state_output", "attention_head_outputs"))
         for layer, values in zip(self.recurrent_layers(), saved, strict=True):

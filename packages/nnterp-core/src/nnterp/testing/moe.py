@@ -60,7 +60,7 @@ class MoeSuite(Suite):
 
     # -- identities ------------------------------------------------------------
 
-    def test_sizes_match_served_shapes(self) -> None:
+    def test_routing_sizes_match_served_shapes(self) -> None:
         names = ("router_logits", "expert_weights", "expert_indices", "expert_outputs", "routed_output")
         for layer, values in zip(self.moe_layers(), self.read_moe(PROMPT, *names), strict=True):
             mlp = self.model.layers[layer].mlp
@@ -149,7 +149,7 @@ class MoeSuite(Suite):
                 after = self.model.logits.save()
             close(after, clean, what=f"logits after a refused {name} write")
 
-    def test_a_value_asked_for_after_the_forward_produced_it_raises_at_once(self) -> None:
+    def test_a_routing_value_asked_for_after_its_place_raises_at_once(self) -> None:
         layer = self.moe_layers()[0]
         with raises(OrderError, "router_logits"), self.model.trace(PROMPT):
             mlp = self.model.layers[layer].mlp
