@@ -168,15 +168,15 @@ class TestGenericSequentialMlp(LayerSuite, AttentionSuite):
 
 
 class TestGenericAttentionSink(LayerSuite, AttentionSuite):
-    """GPT-OSS: its eager attention concatenates a sink to the scores, so the interior is left to a family."""
+    """GraniteSWA: its eager attention scales each head's output by a learned sink, so the interior is left to a family."""
 
-    family = generic("gpt_oss")
+    family = generic("granite_swa")
 
 
 def test_an_eager_function_with_a_sink_leaves_the_interior_out_with_the_reason():
     model = TestGenericAttentionSink.build_model()
     (reason,) = set(model.support()["self_attn.attention_probabilities"].values())
-    assert "modeling_gpt_oss.eager_attention_forward" in reason and "sink" in reason
+    assert "modeling_granite_swa.eager_attention_forward" in reason and "sink" in reason
     assert model.support()["self_attn.attention_output"] is None
 
 

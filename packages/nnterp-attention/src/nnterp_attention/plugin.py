@@ -4,22 +4,56 @@ import nnterp
 from nnterp.testing import AttentionSuite
 
 from .attention import Attention
-from .families import bloom, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mpt, olmo2, phi3, qwen2, qwen3
+from .families import (
+    bloom,
+    dbrx,
+    deepseek_v3,
+    gemma2,
+    gemma3_text,
+    gemma4_text,
+    gpt2,
+    gpt_neox,
+    gpt_oss,
+    granitemoe,
+    llama,
+    llama4_text,
+    mimo_v2_flash,
+    mistral,
+    mixtral,
+    mpt,
+    olmo2,
+    olmoe,
+    phi3,
+    qwen2,
+    qwen2_moe,
+    qwen3,
+    qwen3_moe,
+)
 from .generic import generic_family
 from .own_arithmetic import OwnArithmeticAttention
+from .sink import SinkAttention
 
 
 @nnterp.hookimpl
 def nnterp_families():
-    return [llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2, phi3, gpt2, gpt_neox, bloom, mpt]
+    return [
+        *(llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2, phi3, gpt2, gpt_neox, bloom, mpt, gpt_oss),
+        *(mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, mimo_v2_flash, granitemoe),
+        *(dbrx, llama4_text),
+        gemma4_text,
+    ]
 
 
 @nnterp.hookimpl
 def nnterp_suites():
-    from .testing import AlibiAttentionSuite
+    from .testing import AlibiAttentionSuite, SinkAttentionSuite
 
     # The subclass's suite first: `nnterp check` combines the suites of every base, most derived first.
-    return {OwnArithmeticAttention: AlibiAttentionSuite, Attention: AttentionSuite}
+    return {
+        SinkAttention: SinkAttentionSuite,
+        OwnArithmeticAttention: AlibiAttentionSuite,
+        Attention: AttentionSuite,
+    }
 
 
 @nnterp.hookimpl

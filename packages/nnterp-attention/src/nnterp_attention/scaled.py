@@ -17,7 +17,7 @@ from nnterp.layouts import Residual
 from .attention import Attention
 
 
-def _scale(envoy: Any) -> float:
+def scale_of(envoy: Any) -> float:
     """The number the block multiplies the sublayer's output by: the block's ``SCALE`` attribute."""
     return getattr(envoy.parent._module, envoy.SCALE)
 
@@ -33,11 +33,11 @@ class ScaledAttention(Attention):
 
         A scaled copy: assign to replace it (the assignment is divided back).
         """
-        return value * _scale(self)
+        return value * scale_of(self)
 
     @attention_output.postprocess
     def attention_output(self, value: Any) -> Any:
-        return value / _scale(self)
+        return value / scale_of(self)
 
 
 class ScaledMlp(Mlp):
@@ -51,8 +51,8 @@ class ScaledMlp(Mlp):
 
         A scaled copy: assign to replace it (the assignment is divided back).
         """
-        return value * _scale(self)
+        return value * scale_of(self)
 
     @mlp_output.postprocess
     def mlp_output(self, value: Any) -> Any:
-        return value / _scale(self)
+        return value / scale_of(self)

@@ -55,3 +55,82 @@ class AlibiAttentionSuite(AttentionSuite):
         close(edited[:, :-1], clean[:, :-1], what="outputs before the edited position")
         close(edited[0, -1], expected, what="the edited position's output: the output projection's bias alone")
         close(assigned, edited, what="assigned vs in-place zeroed head outputs")
+
+
+def sink_softmax(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """``softmax(cat([scores, sink]))`` of each row, [batch, heads, query, key + 1], in float32: the last column is the sink's.
+
+    ``scores`` is [batch, heads, query, key] and ``sinks`` one logit per head.
+    """
+    column = sinks.detach().float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores.float(), column], dim=-1), dim=-1)
+
+
+class SinkAttentionSuite(AttentionSuite):
+    """Softmax attention with a sink per head (GPT-OSS): ``AttentionSuite``, with each row's mass shared with its sink."""
+
+    def test_pattern_is_softmax_of_scores(self) -> None:
+        """The pattern is the softmax of the scores and the head's sink, less the sink's column: rows sum below one."""
+        for layer in self.attention_blocks():
+            sinks = self.model.layers[layer].self_attn.sink_logits
+            scores, pattern = self.read(layer, "attention_scores", "attention_probabilities")
+            full = sink_softmax(scores, sinks)
+            close(pattern, full[..., :-1], what=f"layers[{layer}] softmax(cat(scores, sinks))[..., :-1] vs pattern")
+            close(pattern.sum(-1), 1 - full[..., -1], atol=1e-4, what=f"layers[{layer}] pattern row sums")
+            assert (pattern.sum(-1) < 1).all(), f"layers[{layer}]: a row gave its sink nothing"
+            future = torch.triu(torch.ones(pattern.shape[-2:], dtype=torch.bool), diagonal=1)
+            assert pattern[..., future].abs().max() == 0, "a query attends to a later key"
+
+    def test_zero_queries_give_uniform_causal_pattern(self) -> None:
+        """Zero queries give each causal key the same share, ``1 / (keys + exp(sink))``; the sink takes the rest."""
+        for layer in self.attention_blocks():
+            attention = self.model.layers[layer].self_attn
+            sinks = attention.sink_logits.detach().float()
+            with self.model.trace(PROMPT):
+                attention.attention_queries = torch.zeros_like(attention.attention_queries)
+                pattern = attention.attention_probabilities.save()
+            seq = pattern.shape[-1]
+            causal = torch.tril(torch.ones(seq, seq))
+            expected = causal / (causal.sum(-1, keepdim=True) + sinks.exp().view(-1, 1, 1))
+            close(pattern, expected.expand_as(pattern), what=f"layers[{layer}] pattern under zero queries")
+
+    def test_a_scores_write_reaches_the_pattern(self) -> None:
+        """Raising one score, by assignment or in place, gives the pattern of the written scores and the sinks."""
+        for layer in self.attention_blocks():
+            attention = self.model.layers[layer].self_attn
+            sinks = attention.sink_logits
+            with self.model.trace(PROMPT):
+                clean = attention.attention_probabilities.save()
+            with self.model.trace(PROMPT):
+                written = attention.attention_scores.clone()
+                written[:, :, -1, 0] += 3
+                attention.attention_scores = written
+                written = written.save()
+                assigned = attention.attention_probabilities.save()
+            with self.model.trace(PROMPT):
+                attention.attention_scores[:, :, -1, 0] += 3
+                edited = attention.attention_probabilities.save()
+            close(assigned, sink_softmax(written, sinks)[..., :-1], what=f"layers[{layer}] pattern of written scores")
+            close(edited, assigned, what=f"layers[{layer}] in-place edited vs assigned scores")
+            close(assigned[:, :, :-1], clean[:, :, :-1], what=f"layers[{layer}] queries before the written one")
+            assert assigned[:, :, -1, 0].gt(clean[:, :, -1, 0]).all(), "raising a score did not raise its probability"
+
+    def test_a_pattern_write_gives_the_head_outputs(self) -> None:
+        """An assigned pattern is what the values are mixed with: the head outputs become ``written @ values``."""
+        for layer in self.attention_blocks():
+            attention = self.model.layers[layer].self_attn
+            with self.model.trace(PROMPT):
+                clean = attention.attention_head_outputs.save()
+            with self.model.trace(PROMPT):
+                values = attention.attention_values.save()
+                pattern = attention.attention_probabilities
+                seq = pattern.shape[-1]
+                causal = torch.tril(torch.ones(seq, seq, dtype=pattern.dtype))
+                written = (causal / causal.sum(-1, keepdim=True)).expand_as(pattern).clone().save()
+                attention.attention_probabilities = written
+                heads = attention.attention_head_outputs.save()
+            repeated = values.repeat_interleave(written.shape[1] // values.shape[1], dim=1)
+            close(
+                heads, (written @ repeated).transpose(1, 2), what=f"layers[{layer}] head outputs of the written pattern"
+            )
+            assert not torch.allclose(heads, clean), f"layers[{layer}]: writing the pattern left the head outputs"
