@@ -1,6 +1,6 @@
-from nnterp.testing import AttentionSuite, LayerSuite
+from nnterp.testing import AttentionSuite, LayerSuite, MoeSuite
 from nnterp_mamba.testing import SelectiveScanSuite
 
 
-class TestJamba(LayerSuite, AttentionSuite, SelectiveScanSuite):
+class TestJamba(LayerSuite, AttentionSuite, SelectiveScanSuite, MoeSuite):
     family = "jamba"

@@ -40,7 +40,7 @@ class MoeSuite(Suite):
         layers = [
             i
             for i, layer in enumerate(self.model.layers)
-            if isinstance(layer.mlp, Moe) and layer.mlp.no_mixture() is None
+            if isinstance(getattr(layer, "mlp", None), Moe) and layer.mlp.no_mixture() is None
         ]
         assert layers, f"{self.family}: no block runs a mixture of experts"
         return layers

@@ -2,16 +2,17 @@
 
 Each block holds one mixer (``mamba`` -> ``linear_attn``, or ``self_attn``)
 and one feed-forward (``feed_forward`` -> ``mlp``), a plain MLP or, every
-``expert_layer_period`` blocks, a mixture of experts. Like Falcon-Mamba's,
+``expert_layer_period`` blocks, a mixture of experts whose router is the
+standard one (a softmax over every expert, the top-k weights left
+unnormalized), so ``Moe`` serves it as it is. Like Falcon-Mamba's,
 the mixer norms B, C and the step size before the scan, and the values are
 the normed ones.
 """
 
 from transformers.models.jamba import modeling_jamba as MODELING
 
-from nnterp import Layer, Mlp
+from nnterp import Layer, Mlp, Moe
 from nnterp_attention.attention import Attention
-from nnterp_mamba.blocks import ExpertMixture
 from nnterp_mamba.selective_scan import SelectiveScan
 
 MODEL_TYPES = ("jamba",)
@@ -21,7 +22,7 @@ ENVOYS = {
     MODELING.JambaAttention: Attention,
     MODELING.JambaMambaMixer: SelectiveScan,
     MODELING.JambaMLP: Mlp,
-    MODELING.JambaSparseMoeBlock: ExpertMixture,
+    MODELING.JambaSparseMoeBlock: Moe,
 }
 RENAME = {
     "mamba": "linear_attn",

@@ -4,6 +4,14 @@ Both sublayers are scaled by ``config.residual_multiplier`` before they join
 the residual stream, so each contribution is the module's output times it:
 ``attention_output`` and ``mlp_output`` serve that product (a copy; an
 assignment is divided back before it replaces the module's output).
+
+The feed-forward is served on the shared MLP (``shared_mlp`` -> ``mlp``); the
+experts are its sibling ``block_sparse_moe``, whose router picks the top-k
+logits and takes the softmax of those k. The block adds ``(experts + shared
+MLP) * residual_multiplier``: ``mlp_output == (routed_output +
+shared_expert_output) * residual_multiplier``, the mixture's parts being the
+model's own tensors (``Moe.mixture_output``). Without experts (``num_local_experts=0``)
+the shared MLP is the whole feed-forward, with its own neurons.
 """
 
 from __future__ import annotations
@@ -12,16 +20,20 @@ from typing import Any
 
 from transformers.models.granitemoehybrid import modeling_granitemoehybrid as MODELING
 
-from nnterp import EProperty, Mlp
+from nnterp import EProperty, Mlp, Moe, Scoring
 from nnterp.components.per_token import ChunkBoundaries
 from nnterp.layouts import Neurons, Residual
 from nnterp_attention.scaled import ScaledAttention
 from nnterp_ssd.blocks import SourcedLayer
 from nnterp_ssd.state_space import StateSpace
 
+NO_EXPERTS = (
+    "this model has no experts (num_local_experts=0): the shared MLP is the whole feed-forward, its output "
+    "mlp_output, its neurons mlp_activation and mlp_neurons"
+)
 BESIDE_EXPERTS = (
     "the feed-forward is a mixture of experts plus a shared MLP, so the block has no single activation or down "
-    "projection; read mlp_output, or the modules under the block's block_sparse_moe"
+    "projection; read expert_outputs and shared_expert_output, or the modules under the block's block_sparse_moe"
 )
 
 
@@ -62,12 +74,30 @@ class GraniteMoeHybridAttention(ScaledAttention):
     SCALE = "residual_multiplier"
 
 
-class GraniteMoeHybridFeedForward(Mlp):
+class GraniteMoeHybridFeedForward(Moe):
     """The block's feed-forward, served on its shared MLP (``layers[i].mlp``): the experts' and the shared MLP's sum.
 
-    ``mlp_activation`` and ``mlp_neurons`` are the shared MLP's own where
-    it is the whole feed-forward (``num_local_experts=0``).
+    The router and experts are the sibling ``block_sparse_moe``'s.
+    ``mlp_output`` is the branches' sum times residual_multiplier, as the
+    block adds it (a scaled copy, which an assignment replaces, divided
+    back); ``routed_output``, ``expert_outputs`` and ``shared_expert_output``
+    are the model's own tensors, before that scaling. ``mlp_activation`` and
+    ``mlp_neurons`` are the shared MLP's own where it is the whole
+    feed-forward (``num_local_experts=0``).
     """
+
+    SCORING = Scoring(after_top_k=True)
+    ROUTER = "../block_sparse_moe.router"
+    EXPERTS = "../block_sparse_moe.experts"
+    SHARED = "output"
+
+    def no_mixture(self) -> str | None:
+        return None if self.parent._module.has_experts else NO_EXPERTS
+
+    @property
+    def intermediate_size(self) -> int:
+        """Width of one routed expert's hidden layer, or of the shared MLP's where it is the whole feed-forward."""
+        return Mlp.intermediate_size.fget(self) if self.no_mixture() else Moe.intermediate_size.fget(self)
 
     @EProperty(_feed_forward)
     def mlp_output(self, value: Any) -> Residual:
@@ -80,6 +110,10 @@ class GraniteMoeHybridFeedForward(Mlp):
     @mlp_output.postprocess
     def mlp_output(self, value: Any) -> Any:
         return value / _residual_multiplier(self)
+
+    def mixture_output(self, routed: Any, shared: Any) -> Any:
+        """What the block adds from the two branches: their sum times residual_multiplier."""
+        return Moe.mixture_output(self, routed, shared) * _residual_multiplier(self)
 
     @EProperty("act_fn.output", unavailable=_with_experts)
     def mlp_activation(self, value: Any) -> Neurons:
