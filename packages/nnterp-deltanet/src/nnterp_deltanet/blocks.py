@@ -1,4 +1,4 @@
-"""The envoys of a hybrid's blocks around its mixers: the block itself, and a mixture-of-experts feed-forward."""
+"""The envoys of a hybrid's blocks around its mixers: the block itself, its residual streams, a per-layer embedding."""
 
 from __future__ import annotations
 
@@ -7,18 +7,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from nnterp import EProperty, Layer, Mlp, RecurrentMixer, Sublayer, Unavailable, axis_size, unavailable
+from nnterp import EProperty, Layer, RecurrentMixer, Sublayer, Unavailable, axis_size
 from nnterp.layouts import STREAMS, Residual, Streams
 
 #: Where ``SelfAttnMixerLayer`` keeps its ``self_attn`` child, served only when it is softmax attention.
 SELF_ATTN_CHILD = "_self_attn_child"
 #: The standard names of a block's sequence mixer; a hybrid's block has one of them.
 MIXERS = ("linear_attn", "self_attn")
-
-NOT_MAPPED_EXPERTS = (
-    "a mixture of experts: each expert has its own activation and down projection, so the block has no "
-    "single one; read mlp_output, or the experts' modules under mlp"
-)
 
 
 class MissingMixer(Unavailable, AttributeError):
@@ -193,10 +188,3 @@ class PerLayerEmbedding(Sublayer):
         return as_streams(self, value)
 
     per_layer_output.postprocess(side_by_side)
-
-
-class ExpertsMlp(Mlp):
-    """A sparse mixture-of-experts feed-forward: its contribution is ``mlp_output``, as on any ``Mlp``."""
-
-    mlp_activation = unavailable(NOT_MAPPED_EXPERTS)
-    mlp_neurons = unavailable(NOT_MAPPED_EXPERTS)

@@ -72,17 +72,29 @@ class MoeSuite(Suite):
                 assert values["expert_outputs"].shape == (batch, seq, mlp.top_k, self.model.hidden_size)
 
     def test_slots_add_up_to_the_routed_and_the_mixture_output(self) -> None:
-        names = ("expert_outputs", "routed_output", "mlp_output")
+        """The slots sum to ``routed_output``, and ``mixture_output(routed, shared)`` is what the mixture gives.
+
+        That is ``mlp_output``, unless the block lays its contribution out
+        otherwise than the branches (a streams block weights the module's
+        output into each stream): then it is the module's own output, and the
+        layer suite checks the contribution.
+        """
         # The shared expert in a trace of its own: a mixture may run it before or after the routed experts.
         shared_reads = self.read_moe(PROMPT, "shared_expert_output")
-        for layer, values, shared in zip(self.moe_layers(), self.read_moe(PROMPT, *names), shared_reads, strict=True):
-            if "expert_outputs" in values:
-                close(values["expert_outputs"].sum(2), values["routed_output"], what=f"layers[{layer}] slots' sum")
+        found = []
+        with self.model.trace(PROMPT):
+            for layer in self.moe_layers():
+                mlp = self.model.layers[layer].mlp
+                slots = mlp.expert_outputs.save() if mlp.support()["expert_outputs"] is None else None
+                routed = mlp.routed_output.save()
+                branches_laid_out = type(mlp).mlp_output.dims == type(mlp).routed_output.dims
+                found.append((slots, routed, (mlp.mlp_output if branches_laid_out else mlp.output).save()))
+        for layer, (slots, routed, mixture), shared in zip(self.moe_layers(), found, shared_reads, strict=True):
+            if slots is not None:
+                close(slots.sum(2), routed, what=f"layers[{layer}] slots' sum")
             with torch.no_grad():
-                mixed = self.model.layers[layer].mlp.mixture_output(
-                    values["routed_output"], shared.get("shared_expert_output")
-                )
-            close(mixed, values["mlp_output"], what=f"layers[{layer}] routed and shared combined")
+                mixed = self.model.layers[layer].mlp.mixture_output(routed, shared.get("shared_expert_output"))
+            close(mixed, mixture, what=f"layers[{layer}] routed and shared combined")
 
     def test_scoring_reproduces_indices_and_weights_from_the_logits(self) -> None:
         for layer, values in zip(self.moe_layers(), self.read_moe(PROMPT, *ROUTING), strict=True):

@@ -7,20 +7,37 @@ softmax attention.
 
 from transformers.models.kimi_linear import modeling_kimi_linear as MODELING
 
-from nnterp import Mlp
+from nnterp import Mlp, Moe, Scoring
 from nnterp_attention import Attention
-from nnterp_deltanet.blocks import ExpertsMlp, SelfAttnMixerLayer
+from nnterp_deltanet.blocks import SelfAttnMixerLayer
 from nnterp_deltanet.linear_attention import KimiDeltaAttention
+
+
+class KimiLinearMoe(Moe):
+    """Sigmoid routing with a selection bias, within groups of experts; a shared expert added without a gate.
+
+    The router picks each token's top-k experts by ``sigmoid(logits) +
+    e_score_correction_bias`` among those of its best ``topk_group`` of
+    ``num_group`` groups, weighs them by their unbiased scores, renormalized
+    where the config says (``norm_topk_prob``), times
+    ``routed_scaling_factor``. ``shared_experts`` is added in full.
+    """
+
+    SCORING = Scoring(
+        function="sigmoid", normalize="norm_topk_prob", bias="e_score_correction_bias", scale="routed_scaling_factor"
+    )
+    SHARED = "shared_experts.output"
+
 
 MODEL_TYPES = ("kimi_linear",)
 ENVOYS = {
     MODELING.KimiLinearDecoderLayer: SelfAttnMixerLayer,
     MODELING.KimiLinearDeltaAttention: KimiDeltaAttention,
     MODELING.KimiLinearAttention: Attention,
-    MODELING.KimiLinearMoE: ExpertsMlp,
+    MODELING.KimiLinearMoE: KimiLinearMoe,
     MODELING.KimiLinearMLP: Mlp,
 }
-RENAME = {MODELING.KimiLinearDeltaAttention: "linear_attn"}
+RENAME = {MODELING.KimiLinearDeltaAttention: "linear_attn", MODELING.KimiLinearTopkRouter: "router"}
 TINY_CONFIG = dict(
     vocab_size=64,
     hidden_size=32,
@@ -37,8 +54,10 @@ TINY_CONFIG = dict(
         "short_conv_kernel_size": 4,
     },
     first_k_dense_replace=1,
-    num_experts=4,
+    num_experts=8,
     num_experts_per_token=2,
+    num_expert_group=4,  # groups of two: the router keeps its best two groups, then their top two experts
+    topk_group=2,
     moe_intermediate_size=32,
     q_lora_rank=None,
     kv_lora_rank=16,

@@ -3,20 +3,28 @@ experts; Qwen3-Next's blocks under other names."""
 
 from transformers.models.lara_mini import modeling_lara_mini as MODELING
 
-from nnterp import Mlp
+from nnterp import Mlp, Moe, Scoring
 from nnterp_attention import Attention
-from nnterp_deltanet.blocks import ExpertsMlp, HybridLayer
+from nnterp_deltanet.blocks import HybridLayer
 from nnterp_deltanet.linear_attention import LinearAttention
+
+
+class LaraMiniMoe(Moe):
+    """Softmax routing, renormalized where the config says; a shared expert added in full, without Qwen3-Next's gate."""
+
+    SCORING = Scoring(normalize="norm_topk_prob")
+    SHARED = "shared_expert.output"
+
 
 MODEL_TYPES = ("lara_mini",)
 ENVOYS = {
     MODELING.LaraMiniDecoderLayer: HybridLayer,
     MODELING.LaraMiniGatedDeltaNet: LinearAttention,
     MODELING.LaraMiniAttention: Attention,
-    MODELING.LaraMiniSparseMoeBlock: ExpertsMlp,
+    MODELING.LaraMiniSparseMoeBlock: LaraMiniMoe,
     MODELING.LaraMiniMLP: Mlp,
 }
-RENAME: dict = {}
+RENAME = {MODELING.LaraMiniTopKRouter: "router"}
 TINY_CONFIG = dict(
     vocab_size=64,
     hidden_size=32,

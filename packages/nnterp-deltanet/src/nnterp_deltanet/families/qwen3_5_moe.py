@@ -2,20 +2,28 @@
 
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as MODELING
 
-from nnterp import Mlp
+from nnterp import Mlp, Moe, Scoring
 from nnterp_attention import Attention
-from nnterp_deltanet.blocks import ExpertsMlp, HybridLayer
+from nnterp_deltanet.blocks import HybridLayer
 from nnterp_deltanet.linear_attention import LinearAttention
+
+
+class Qwen3_5MoeMoe(Moe):
+    """Softmax routing, always renormalized over the top-k; a shared expert behind a sigmoid gate."""
+
+    SCORING = Scoring(normalize=True)
+    SHARED = "source.shared_expert_output_1.output"
+
 
 MODEL_TYPES = ("qwen3_5_moe_text", "qwen3_5_moe")
 ENVOYS = {
     MODELING.Qwen3_5MoeDecoderLayer: HybridLayer,
     MODELING.Qwen3_5MoeGatedDeltaNet: LinearAttention,
     MODELING.Qwen3_5MoeAttention: Attention,
-    MODELING.Qwen3_5MoeSparseMoeBlock: ExpertsMlp,
+    MODELING.Qwen3_5MoeSparseMoeBlock: Qwen3_5MoeMoe,
     MODELING.Qwen3_5MoeMLP: Mlp,
 }
-RENAME: dict = {}
+RENAME = {MODELING.Qwen3_5MoeTopKRouter: "router"}
 TINY_CONFIG = dict(
     vocab_size=64,
     hidden_size=32,

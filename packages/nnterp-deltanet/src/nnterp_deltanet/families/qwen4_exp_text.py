@@ -7,9 +7,9 @@ text generation, which is this family too.
 
 from transformers.models.qwen4_exp import modeling_qwen4_exp as MODELING
 
-from nnterp import Mlp
+from nnterp import Mlp, Moe, Scoring
 from nnterp_attention import Attention
-from nnterp_deltanet.blocks import ExpertsMlp, PerLayerEmbedding, StreamsLayer, into_streams
+from nnterp_deltanet.blocks import PerLayerEmbedding, StreamsLayer, into_streams
 from nnterp_deltanet.linear_attention import LinearAttention
 
 # the block weights each sublayer's output per stream at these operations, in its forward's order
@@ -36,11 +36,18 @@ class Qwen4ExpAttention(Attention):
     attention_output = into_streams(Attention.attention_output, "attention")
 
 
-class Qwen4ExpMoe(ExpertsMlp):
-    """The mixture of experts; what it adds is its output weighted per stream."""
+class Qwen4ExpMoe(Moe):
+    """Qwen3-Next's mixture of experts; what it adds is its output weighted per stream.
 
+    Softmax routing, renormalized where the config says; a shared expert
+    behind a sigmoid gate. ``routed_output + shared_expert_output`` is the
+    module's ``.output``, before the block weights it into the streams.
+    """
+
+    SCORING = Scoring(normalize="norm_topk_prob")
+    SHARED = "source.shared_expert_output_1.output"
     CONTRIBUTION = INJECTED[1]
-    mlp_output = into_streams(ExpertsMlp.mlp_output, "MLP")
+    mlp_output = into_streams(Moe.mlp_output, "MLP")
 
 
 MODEL_TYPES = ("qwen4_exp_text", "qwen4_exp")
@@ -59,7 +66,7 @@ ENVOYS = {
     MODELING.Qwen4ExpTextMLP: Mlp,
     MODELING.Qwen4ExpTextPLELayer: PerLayerEmbedding,
 }
-RENAME: dict = {}
+RENAME = {MODELING.Qwen4ExpTextTopKRouter: "router"}
 TINY_CONFIG = dict(
     vocab_size=64,
     hidden_size=32,
