@@ -1,10 +1,11 @@
 import torch
 
 from nnterp import Moe
-from nnterp.testing import AttentionSuite, LayerSuite, MoeSuite
+from nnterp.testing import LayerSuite, MoeSuite
+from nnterp_attention.testing import SinkAttentionSuite
 
 
-class TestMiMoV2Flash(LayerSuite, AttentionSuite, MoeSuite):
+class TestMiMoV2Flash(LayerSuite, SinkAttentionSuite, MoeSuite):
     family = "mimo_v2_flash"
 
     @classmethod
@@ -16,4 +17,13 @@ class TestMiMoV2Flash(LayerSuite, AttentionSuite, MoeSuite):
             if isinstance(layer.mlp, Moe):
                 bias = layer.mlp.router_module().e_score_correction_bias
                 bias.copy_(torch.randn(bias.shape, generator=generator) * 0.05)
+            sinks = layer.self_attn._module.sinks
+            if sinks is not None:
+                # Sinks near zero take little of each row; drawn, a reference that ignores them fails.
+                sinks.data.copy_(torch.randn(sinks.shape, generator=generator))
         return model
+
+    def test_the_blocks_with_and_without_sinks_are_both_served(self) -> None:
+        kinds = {layer.self_attn._module.sinks is not None for layer in self.model.layers}
+        assert kinds == {True, False}, "the tiny config should hold a block of each kind"
+        assert self.attention_blocks() == list(range(self.model.num_layers))

@@ -58,8 +58,14 @@ class SinkAttention(Attention):
 
     @property
     def sink_logits(self) -> torch.Tensor:
-        """Each head's sink logit, [num_heads]: the column the softmax sees after every row of scores."""
-        return getattr(self._module, self.SINKS)
+        """Each head's sink logit, [num_heads]: the column the softmax sees after every row of scores.
+
+        ``-inf`` on a block of a family whose other blocks have sinks but this
+        one has none (MiMo-V2-Flash's full-attention blocks): a sink that
+        takes no probability.
+        """
+        sinks = getattr(self._module, self.SINKS)
+        return torch.full((self.num_heads,), float("-inf")) if sinks is None else sinks
 
     @EProperty(_inside_interface("CONCAT", "inputs"), select=SCORES, unavailable=interface_reason)
     def attention_scores(self, value: Any) -> Pattern:

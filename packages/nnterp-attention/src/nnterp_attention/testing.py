@@ -77,7 +77,8 @@ class SinkAttentionSuite(AttentionSuite):
             full = sink_softmax(scores, sinks)
             close(pattern, full[..., :-1], what=f"layers[{layer}] softmax(cat(scores, sinks))[..., :-1] vs pattern")
             close(pattern.sum(-1), 1 - full[..., -1], atol=1e-4, what=f"layers[{layer}] pattern row sums")
-            assert (pattern.sum(-1) < 1).all(), f"layers[{layer}]: a row gave its sink nothing"
+            if torch.isfinite(sinks).all():
+                assert (pattern.sum(-1) < 1).all(), f"layers[{layer}]: a row gave its sink nothing"
             future = torch.triu(torch.ones(pattern.shape[-2:], dtype=torch.bool), diagonal=1)
             assert pattern[..., future].abs().max() == 0, "a query attends to a later key"
 

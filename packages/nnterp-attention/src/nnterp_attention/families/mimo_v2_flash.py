@@ -2,7 +2,7 @@
 
 The attention's queries and keys are ``head_dim`` wide and its values
 ``v_head_dim``; on sliding-window blocks it appends a learned sink logit per
-head to the scores before the softmax and drops it after. The router
+head to the scores before the softmax and drops it after (``SinkAttention``). The router
 (``gate`` -> ``router``) is DeepSeek-V3's: a sigmoid over every expert, the
 top-k of the scores plus ``e_score_correction_bias`` within the best
 ``topk_group`` of ``n_group`` groups, weighed by the plain scores,
@@ -10,28 +10,57 @@ renormalized where ``norm_topk_prob`` says, times ``routed_scaling_factor``.
 There is no shared expert. ``mlp_layer_types`` says which blocks are dense.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 from transformers.models.mimo_v2_flash import modeling_mimo_v2_flash as MODELING
 
-from nnterp import Layer, Mlp, Moe, Scoring
-from nnterp_attention.attention import Attention
+from nnterp import EProperty, Layer, Mlp, Moe, Scoring
+from nnterp.layouts import Pattern
+from nnterp_attention.attention import interface_reason
+from nnterp_attention.sink import SCORES, SinkAttention
 
-SINKS = (
-    "read inside the eager attention function, and MiMo-V2-Flash's computes its pattern otherwise than the "
-    "standard one: on sliding-window blocks it appends a learned sink logit per head to the scores, and its "
-    "softmax takes the scores less their row maximum"
-)
+#: Inside the eager function, on a block without sinks: the softmax, whose input is the scores less their row maximum.
+SOFTMAX = "F_softmax_0"
 
 
-class MiMoV2FlashAttention(Attention):
-    """An attention whose interior is not served (its eager function has a sink); its queries and keys are head_dim wide."""
+def _has_sinks(attention: MiMoV2FlashAttention) -> bool:
+    return attention._module.sinks is not None
 
-    def off_interface(self) -> str | None:
-        return SINKS
+
+class MiMoV2FlashAttention(SinkAttention):
+    """GPT-OSS's attention with sinks on sliding-window blocks, and a plain softmax attention on the others.
+
+    The eager function appends each head's sink to the scores only where the
+    block has sinks, and subtracts each row's maximum before the softmax. So
+    ``attention_scores`` is read where the sinks are concatenated on a block
+    with sinks, and at the softmax's input on a block without, where it is
+    the scores less their row maximum: the same pattern, as a softmax does
+    not change when a row is shifted. ``sink_logits`` is ``-inf`` on a block
+    without sinks. Queries and keys are ``head_dim`` wide, values
+    ``v_head_dim``.
+    """
 
     @property
     def qk_head_dim(self) -> int:
         """Width of one head's queries and keys: the module's ``head_dim`` (its values are ``v_head_dim`` wide)."""
         return self._module.head_dim
+
+    @EProperty(
+        lambda attention: (
+            f"source.{attention.INTERFACE}.source.{attention.CONCAT if _has_sinks(attention) else SOFTMAX}.inputs"
+        ),
+        select=lambda attention: SCORES if _has_sinks(attention) else 0,
+        unavailable=interface_reason,
+    )
+    def attention_scores(self, value: Any) -> Pattern:
+        """The scaled, masked scores, [batch, num_heads, query, key]: before the sink column where the block has sinks, else less each row's maximum.
+
+        ``softmax(cat([attention_scores, sink_logits]))[..., :-1]`` is
+        ``attention_probabilities`` on every block. Assign or edit in place.
+        """
+        return value
 
 
 class MiMoV2FlashMoe(Moe):
