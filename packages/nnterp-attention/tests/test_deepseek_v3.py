@@ -1,7 +1,4 @@
-import torch
-
-from nnterp import Moe
-from nnterp.testing import AttentionSuite, LayerSuite, MoeSuite
+from nnterp.testing import AttentionSuite, LayerSuite, MoeSuite, draw_selection_bias
 
 
 class TestDeepseekV3(LayerSuite, AttentionSuite, MoeSuite):
@@ -9,11 +6,5 @@ class TestDeepseekV3(LayerSuite, AttentionSuite, MoeSuite):
 
     @classmethod
     def build_model(cls):
-        # The checkpoint's selection bias starts at zero; random values make the scoring's bias and groups decide.
-        model = super().build_model()
-        generator = torch.Generator().manual_seed(0)
-        for layer in model.layers:
-            if isinstance(layer.mlp, Moe):
-                bias = layer.mlp.router_module().e_score_correction_bias
-                bias.copy_(torch.randn(bias.shape, generator=generator) * 0.05)
-        return model
+        # A checkpoint's selection bias is learned; the tiny model's zeros would leave the scoring's bias unchecked.
+        return draw_selection_bias(super().build_model(), 0.05)

@@ -2,10 +2,7 @@ import pytest
 
 pytest.importorskip("transformers.models.bailing_hybrid", reason="Bailing-Hybrid ships from transformers 5.20")
 
-import torch  # noqa: E402
-
-from nnterp import Moe  # noqa: E402
-from nnterp.testing import AttentionSuite, LayerSuite, MoeSuite  # noqa: E402
+from nnterp.testing import AttentionSuite, LayerSuite, MoeSuite, draw_selection_bias  # noqa: E402
 from nnterp_deltanet.testing import DeltaNetSuite  # noqa: E402
 
 
@@ -14,11 +11,5 @@ class TestBailingHybrid(LayerSuite, AttentionSuite, DeltaNetSuite, MoeSuite):
 
     @classmethod
     def build_model(cls):
-        model = super().build_model()
-        # A checkpoint's selection bias is non-zero; the initial zeros would leave the scoring's bias unchecked.
-        generator = torch.Generator().manual_seed(0)
-        for layer in model.layers:
-            if isinstance(layer.mlp, Moe):
-                bias = layer.mlp.router_module().e_score_correction_bias
-                bias.copy_(torch.randn(bias.shape, generator=generator) * 0.02)
-        return model
+        # A checkpoint's selection bias is learned; the tiny model's zeros would leave the scoring's bias unchecked.
+        return draw_selection_bias(super().build_model(), 0.02)

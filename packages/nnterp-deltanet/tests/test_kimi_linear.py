@@ -1,7 +1,4 @@
-import torch
-
-from nnterp import Moe
-from nnterp.testing import AttentionSuite, LayerSuite, MoeSuite
+from nnterp.testing import AttentionSuite, LayerSuite, MoeSuite, draw_selection_bias
 from nnterp_deltanet.testing import DeltaNetSuite
 
 
@@ -10,11 +7,5 @@ class TestKimiLinear(LayerSuite, AttentionSuite, DeltaNetSuite, MoeSuite):
 
     @classmethod
     def build_model(cls):
-        model = super().build_model()
-        # A checkpoint's selection bias is non-zero; the initial zeros would leave the scoring's bias unchecked.
-        generator = torch.Generator().manual_seed(0)
-        for layer in model.layers:
-            if isinstance(layer.mlp, Moe):
-                bias = layer.mlp.router_module().e_score_correction_bias
-                bias.copy_(torch.randn(bias.shape, generator=generator) * 0.02)
-        return model
+        # A checkpoint's selection bias is learned; the tiny model's zeros would leave the scoring's bias unchecked.
+        return draw_selection_bias(super().build_model(), 0.02)

@@ -1,10 +1,9 @@
 """Nemotron-H: a Mamba-2 block, an attention block, an MLP block and a mixture-of-experts block."""
 
 import pytest
-import torch
 
-from nnterp import Moe, Unavailable
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, MoeSuite
+from nnterp import Unavailable
+from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, MoeSuite, draw_selection_bias
 from nnterp_ssd.families.nemotron_h import LATENT
 from nnterp_ssd.testing import SSDSuite
 
@@ -12,14 +11,8 @@ from nnterp_ssd.testing import SSDSuite
 class BiasedRouter:
     @classmethod
     def build_model(cls):
-        # The checkpoint's selection bias starts at zero; random values make the scoring's bias and groups decide.
-        model = super().build_model()
-        generator = torch.Generator().manual_seed(0)
-        for layer in model.layers:
-            if isinstance(getattr(layer, "mlp", None), Moe):
-                bias = layer.mlp.router_module().e_score_correction_bias
-                bias.copy_(torch.randn(bias.shape, generator=generator) * 0.1)
-        return model
+        # A checkpoint's selection bias is learned; the tiny model's zeros would leave the scoring's bias unchecked.
+        return draw_selection_bias(super().build_model(), 0.1)
 
 
 class TestNemotronH(BiasedRouter, LayerSuite, AttentionSuite, SSDSuite, MoeSuite):

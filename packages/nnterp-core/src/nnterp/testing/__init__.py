@@ -1,7 +1,7 @@
 """Testing kit: tiny models built locally, and the conformance suites a family's tests mix in."""
 
 from .models import save_tiny, tiny_config, tiny_model, tiny_standardized
-from .moe import MoeSuite
+from .moe import MoeSuite, draw_selection_bias
 from .recurrent import RecurrentMixerSuite, check_positions, close_relative
 from .suites import ATOL, PROMPT, AttentionSuite, LayerSuite, Suite, blocks_with, close
 from .tokenizer import local_tokenizer
@@ -18,6 +18,7 @@ __all__ = [
     "check_positions",
     "close",
     "close_relative",
+    "draw_selection_bias",
     "local_tokenizer",
     "save_tiny",
     "tiny_config",

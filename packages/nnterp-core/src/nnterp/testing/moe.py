@@ -33,6 +33,23 @@ def by_expert(indices: torch.Tensor, *slotted: torch.Tensor) -> list[torch.Tenso
     ]
 
 
+def draw_selection_bias(model: Any, scale: float, bias: str = "e_score_correction_bias") -> Any:
+    """``model`` with each mixture router's selection bias (its buffer ``bias``) drawn at random, ``scale`` times a normal.
+
+    A checkpoint's bias is learned; a tiny model's starts at zero, where a
+    reference routing that ignored it would still agree with the model. The
+    buffer is found on the router, not through the family's ``SCORING``, so a
+    family that forgets to declare its bias is caught.
+    """
+    generator = torch.Generator().manual_seed(0)
+    for layer in model.layers:
+        mlp = getattr(layer, "mlp", None)
+        if isinstance(mlp, Moe):
+            drawn = getattr(mlp.router_module(), bias)
+            drawn.copy_(torch.randn(drawn.shape, generator=generator) * scale)
+    return model
+
+
 class MoeSuite(Suite):
     """Properties of a mixture of experts' values, on every block whose MLP runs one."""
 
