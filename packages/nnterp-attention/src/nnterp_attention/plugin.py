@@ -5,9 +5,15 @@ from nnterp.testing import AttentionSuite
 
 from .attention import Attention
 from .families import (
+    bert,
+    bert_generation,
     bloom,
+    camembert,
+    data2vec_text,
     dbrx,
     deepseek_v3,
+    electra,
+    ernie,
     gemma2,
     gemma3_text,
     gemma4_text,
@@ -28,6 +34,9 @@ from .families import (
     qwen2_moe,
     qwen3,
     qwen3_moe,
+    roberta,
+    roc_bert,
+    xlm_roberta,
 )
 from .generic import generic_family
 from .own_arithmetic import OwnArithmeticAttention
@@ -41,6 +50,7 @@ def nnterp_families():
         *(mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, mimo_v2_flash, granitemoe),
         *(dbrx, llama4_text),
         gemma4_text,
+        *(bert, bert_generation, camembert, data2vec_text, electra, ernie, roberta, roc_bert, xlm_roberta),
     ]
 
 
