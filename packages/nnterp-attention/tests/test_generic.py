@@ -287,20 +287,20 @@ def test_a_named_family_is_not_marked_generic():
 
 
 def test_an_unrecognized_type_raises_before_loading_naming_what_it_found_and_the_fix(tmp_path):
-    save_tiny(_bert_family(), tmp_path)
-    with pytest.raises(UnknownModelType, match=r"'bert'.*apply_chunking_to_forward.*Write a family") as raised:
+    save_tiny(_opt_family(), tmp_path)
+    with pytest.raises(UnknownModelType, match=r"'opt'.*view\(hidden_states_shape\).*Write a family") as raised:
         StandardizedTransformer(tmp_path)
     assert raised.value.reasons and raised.value.distribution is None
 
 
-def _bert_family():
-    """BERT as a decoder: a post-norm block, x -> norm(x + attn(x)), which no generic layout serves."""
+def _opt_family():
+    """OPT: its MLP runs on the tokens flattened, and the block views the stream back, which no generic layout serves."""
     import types
 
-    family = types.ModuleType("bert_for_the_test")
-    family.MODEL_TYPES = ("bert",)
+    family = types.ModuleType("opt_for_the_test")
+    family.MODEL_TYPES = ("opt",)
     family.TINY_CONFIG = dict(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, is_decoder=True
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64, word_embed_proj_dim=32
     )
     return family
 
@@ -311,7 +311,8 @@ def test_the_census_marks_generic_and_unserved_types_with_their_reasons():
     # Cohere scales its logits after the head; logits are read where the model returns them, so it is served
     assert rows["cohere"].generic.startswith("parallel block")
     assert rows["llama"].family == "llama" and rows["llama"].generic is None
-    assert not rows["bert"].served and "apply_chunking_to_forward" in rows["bert"].reason
+    assert rows["bert"].family == "bert" and rows["bert"].generic is None
+    assert not rows["opt"].served and "view(hidden_states_shape)" in rows["opt"].reason
 
 
 def test_the_plugins_command_says_which_plugin_builds_generic_families():

@@ -99,13 +99,14 @@ class Attention(Sublayer):
     def head_dim(self) -> int:
         """Width of one head's values and outputs: the module's own, else hidden_size over ``num_heads``.
 
-        The module's own is its ``v_head_dim`` (latent attention), ``head_dim`` or ``head_size``.
+        The module's own is its ``v_head_dim`` (latent attention), ``head_dim``, ``head_size`` or
+        ``attention_head_size`` (BERT's).
         """
         head_dim = self._own_head_dim()
         return head_dim if head_dim is not None else self._module.config.hidden_size // self.num_heads
 
     def _own_head_dim(self) -> int | None:
-        for name in ("v_head_dim", "head_dim", "head_size"):
+        for name in ("v_head_dim", "head_dim", "head_size", "attention_head_size"):
             value = getattr(self._module, name, None)
             if isinstance(value, int):
                 return value

@@ -7,6 +7,7 @@ from .attention import Attention
 from .families import (
     bert,
     bert_generation,
+    big_bird,
     bloom,
     camembert,
     data2vec_text,
@@ -17,12 +18,14 @@ from .families import (
     gemma2,
     gemma3_text,
     gemma4_text,
+    git,
     gpt2,
     gpt_neox,
     gpt_oss,
     granitemoe,
     llama,
     llama4_text,
+    megatron_bert,
     mimo_v2_flash,
     mistral,
     mixtral,
@@ -34,9 +37,12 @@ from .families import (
     qwen2_moe,
     qwen3,
     qwen3_moe,
+    rembert,
     roberta,
+    roberta_prelayernorm,
     roc_bert,
     xlm_roberta,
+    xlm_roberta_xl,
 )
 from .generic import generic_family
 from .own_arithmetic import OwnArithmeticAttention
@@ -51,6 +57,7 @@ def nnterp_families():
         *(dbrx, llama4_text),
         gemma4_text,
         *(bert, bert_generation, camembert, data2vec_text, electra, ernie, roberta, roc_bert, xlm_roberta),
+        *(big_bird, git, rembert, megatron_bert, roberta_prelayernorm, xlm_roberta_xl),
     ]
 
 

@@ -30,13 +30,14 @@ tokens.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 from transformers.models.bert import modeling_bert as MODELING
 
-from nnterp import POST_NORM_ATTENTION, POST_NORM_MLP, EProperty, Layer, Mlp, unavailable
+from nnterp import POST_NORM_ATTENTION, POST_NORM_MLP, EProperty, Layer, Mlp, TupleLayer, unavailable
 from nnterp.layouts import Neurons, Residual
 from nnterp_attention.attention import Attention
+from nnterp_attention.own_arithmetic import OwnArithmeticAttention
 
 
 class BertLayer(Layer):
@@ -56,8 +57,60 @@ class BertLayer(Layer):
         return value
 
 
+class PreNormBertLayer(Layer):
+    """BERT's block with a norm in front of each sublayer instead of after each addition (Megatron-BERT, ...).
+
+    The stream is added to as it is, so the contributions add up to
+    ``layer_output``. The family names its two norms, relative to the block:
+    ``ATTENTION_NORM`` and ``MLP_NORM`` (which may sit inside the MLP module).
+    """
+
+    ATTENTION_NORM: ClassVar[str]
+    MLP_NORM: ClassVar[str]
+
+    @EProperty(lambda layer: f"{layer.ATTENTION_NORM}.output")
+    def attention_norm_output(self, value: Any) -> Residual:
+        """What the attention is called with: its pre-norm's output, [batch, seq, hidden_size]. Assign or edit in place."""
+        return value
+
+    @EProperty("attention.output", select=0)
+    def layer_mid(self, value: Any) -> Residual:
+        """The residual stream between the two sublayers, [batch, seq, hidden_size]: what ``attention`` returns.
+
+        The MLP's norm reads it and the MLP's output is added to it, so a
+        write reaches both. Assign or edit in place.
+        """
+        return value
+
+    @EProperty(lambda layer: f"{layer.MLP_NORM}.output")
+    def mlp_norm_output(self, value: Any) -> Residual:
+        """The MLP's pre-norm output, [batch, seq, hidden_size]. Assign or edit in place."""
+        return value
+
+
+class TupleBertLayer(BertLayer, TupleLayer):
+    """BERT's block as it was before it returned its hidden states alone (RemBERT, Megatron-BERT): with the pattern."""
+
+
 class BertAttention(Attention):
     CONTRIBUTION = "../E_output.dropout.output"
+
+
+class ClassicBertAttention(OwnArithmeticAttention, BertAttention):
+    """BERT's attention as it was before the shared interface (RemBERT, BigBird, GIT, Megatron-BERT): its own products.
+
+    The queries, keys and values where the forward lays them out by head
+    (its three ``transpose`` calls, before the cache update: on a decode step
+    the step's own), the scores at the softmax, the pattern at its
+    ``dropout``, the head outputs at the product with the values.
+    """
+
+    QUERIES = "source.transpose_0.output"
+    KEYS = "source.transpose_1.output"
+    VALUES = "source.transpose_2.output"
+    SCORES = "source.nn_functional_softmax_0.input"
+    PATTERN = "dropout.output"
+    HEAD_OUTPUTS = "source.torch_matmul_1.output"
 
 
 class BertMlp(Mlp):
@@ -77,11 +130,13 @@ class BertMlp(Mlp):
         return value
 
 
-def envoys_of(modeling: ModuleType, prefix: str) -> dict[type, type]:
+def envoys_of(
+    modeling: ModuleType, prefix: str, layer: type = BertLayer, attention: type = BertAttention
+) -> dict[type, type]:
     """The standard envoys of a family that copies BERT's block, keyed on its classes named ``prefix`` + BERT's."""
     return {
-        getattr(modeling, f"{prefix}Layer"): BertLayer,
-        getattr(modeling, f"{prefix}SelfAttention"): BertAttention,
+        getattr(modeling, f"{prefix}Layer"): layer,
+        getattr(modeling, f"{prefix}SelfAttention"): attention,
         getattr(modeling, f"{prefix}Intermediate"): BertMlp,
     }
 

@@ -261,6 +261,15 @@ class LayerSuite(Suite):
         close(from_disk, in_memory, what="logits of the model loaded by path")
 
 
+def moved_scores(scores: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+    """Which scores differ from ``clean``'s, each row taken less its first key's score.
+
+    A family may shift a row by a constant, which the softmax ignores (MiMo-V2-Flash's less its maximum).
+    """
+    centered = (scores - scores[..., :1]).float(), (clean - clean[..., :1]).float()
+    return ~torch.isclose(*centered, atol=1e-4, rtol=1e-4, equal_nan=True)
+
+
 class AttentionSuite(Suite):
     """Softmax attention, read inside the eager interface: the pattern, its inputs and its outputs agree."""
 
@@ -324,6 +333,24 @@ class AttentionSuite(Suite):
             causal = torch.tril(torch.ones(seq, seq))
             expected = (causal / causal.sum(-1, keepdim=True)).expand_as(pattern)
             close(pattern, expected, what=f"layers[{layer}] pattern under zero queries")
+
+    def test_a_query_write_moves_its_score_row_and_a_key_write_its_column(self) -> None:
+        """Queries and keys are what the scores are made of, each in its place: query i is score row i, key j column j."""
+        for layer in self.attention_blocks():
+            attention = self.model.layers[layer].self_attn
+            (clean,) = self.read(layer, "attention_scores")
+            position = clean.shape[-1] // 2
+            changed = {}
+            for name in ("attention_queries", "attention_keys"):
+                with self.model.trace(PROMPT):
+                    written = getattr(attention, name).clone()
+                    written[:, :, position] = written[:, :, position] * 3 + 1
+                    setattr(attention, name, written)
+                    changed[name] = attention.attention_scores.save()
+            rows = moved_scores(changed["attention_queries"], clean).any(-1).flatten(0, 1).any(0)
+            assert rows.nonzero().flatten().tolist() == [position], f"layers[{layer}]: a query write moved rows {rows}"
+            columns = moved_scores(changed["attention_keys"], clean).any(-2).flatten(0, 1).any(0)
+            assert columns.nonzero().flatten().tolist() == [position], f"layers[{layer}]: a key write moved {columns}"
 
     def test_pattern_edit_changes_only_its_query(self) -> None:
         for layer in self.attention_blocks():

@@ -1,0 +1,23 @@
+"""Megatron-BERT: BERT's block with pre-norms (``attention.ln``, ``ln``) and a final norm, its own attention products.
+
+Its block returns the pattern beside the hidden states.
+
+Before transformers 5.20 its model builds a bidirectional mask even configured ``is_decoder=True``: it
+attends to later tokens there.
+"""
+
+from transformers.models.megatron_bert import modeling_megatron_bert as MODELING
+
+from nnterp import TupleLayer
+from nnterp_attention.families import bert
+
+
+class MegatronBertLayer(bert.PreNormBertLayer, TupleLayer):
+    ATTENTION_NORM = "attention.ln"
+    MLP_NORM = "ln"
+
+
+MODEL_TYPES = ("megatron-bert",)
+ENVOYS = bert.envoys_of(MODELING, "MegatronBert", layer=MegatronBertLayer, attention=bert.ClassicBertAttention)
+RENAME = {**bert.RENAME, "bert.encoder.ln": "ln_final"}
+TINY_CONFIG = bert.TINY_CONFIG
