@@ -14,6 +14,7 @@ from nnsight.modeling.transformers import TransformersModel
 from .components.standard import blocks_support
 from .descriptor import DerivedEProperty, EProperty
 from .layouts import Logits, Probabilities
+from .placement import check_device_map, input_device, pipeline_placement
 from .registry import REGISTRY, family_name
 
 #: The spellings most transformers families share; a family's RENAME is merged over them.
@@ -97,12 +98,37 @@ class StandardizedTransformer(TransformersModel):
             tokenizer = AutoTokenizer.from_pretrained(os.fspath(model))
         family = REGISTRY.family_for(model_type(config), config)
         kwargs.setdefault("task", "text-generation")
+        if "device_map" in kwargs:
+            # nnsight then loads the weights itself and wraps them, where the pipeline's placement is ours.
+            kwargs.setdefault("config", config)
         kwargs.setdefault("rename", {**COMMON_RENAME, **family.RENAME})
         kwargs.setdefault("envoys", dict(family.ENVOYS))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NNsightDeprecationWarning)
             super().__init__(model, tokenizer=tokenizer, **kwargs)
         object.__setattr__(self, "family", family)
+
+    def _load(self, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        structure = self.__dict__.get("_module")  # the meta model, when nnsight loads the weights lazily
+        if structure is not None:
+            check_device_map(structure, kwargs.get("device_map"))
+        return super()._load(*args, **kwargs)
+
+    def _wrap(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        with pipeline_placement(module):
+            return super()._wrap(module, *args, **kwargs)
+
+    @property
+    def device(self) -> torch.device | None:
+        """Where inputs go: the device the input embedding runs on.
+
+        Its weight's device, or, on a model placed by accelerate (a
+        ``device_map``, ``cpu_offload``), its hook's execution device: an
+        offloaded embedding stores its weight on the meta device.
+        """
+        if next(self._module.parameters(), None) is None:
+            return None
+        return input_device(self._module)
 
     family: ModuleType
     """The family module of this model (``nnterp.families.llama``, or a generic family with ``GENERIC``)."""
