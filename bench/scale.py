@@ -14,6 +14,10 @@ every forward. Two runs per prompt length, interleaved:
 
 Target: values <= 1.10x plain.
 
+It then serializes, as nnsight's remote backend sends it to an NDIF server, a
+trace reading ten values (every value of a DeltaNet mixer and the stream
+around it on the first block); target: <= 64 KiB.
+
     python bench/scale.py [--lengths 256 1024] [--repeats 3] [--threads 1]
 """
 
@@ -23,6 +27,8 @@ import tempfile
 
 import harness
 import torch
+from nnsight.schema.request import RequestModel
+from nnsight.tracing.backend import Backend
 from transformers import AutoModelForCausalLM
 
 from nnterp import StandardizedTransformer
@@ -100,6 +106,30 @@ def read_everything(model: StandardizedTransformer, ids: dict[int, torch.Tensor]
     return run
 
 
+class Serialized(Backend):
+    """Serializes a trace as the remote backend sends it, and runs nothing."""
+
+    def __init__(self, model: StandardizedTransformer) -> None:
+        self.remote = model._remote_backend(True, True, None, False)
+        self.sent = self.raw = b""
+
+    def __call__(self, tracer) -> None:
+        self.sent = self.remote._serialize(tracer)
+        self.raw = RequestModel.serialize(tracer, compress=False)
+
+
+def request_size(model: StandardizedTransformer, ids: torch.Tensor) -> Serialized:
+    """The request of a trace reading ten values of the first block."""
+    request = Serialized(model)
+    layer = model.layers[0]
+    with model.trace(ids, backend=request):
+        layer.layer_input.save()
+        for name in MIXER_VALUES["linear_attn"][:8]:
+            getattr(layer.linear_attn, name).save()
+        layer.layer_output.save()
+    return request
+
+
 def main() -> None:
     options = harness.options(__doc__.splitlines()[0])
     ids = harness.token_ids(options.lengths, CONFIG["vocab_size"])
@@ -119,10 +149,15 @@ def main() -> None:
             options.lengths,
             options.repeats,
         )
+        request = request_size(model, ids[options.lengths[0]])
     harness.table(
         f"Qwen3-Next, {len(LAYER_TYPES)} blocks (half on disk), hidden {CONFIG['hidden_size']}, every value",
         times,
         [("values", "plain")],
+    )
+    print(
+        f"remote request reading 10 values: {len(request.sent) / 1024:.1f} KiB as sent "
+        f"({'zstd' if request.remote.compress else 'uncompressed'}), {len(request.raw) / 1024:.1f} KiB uncompressed"
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from types import ModuleType
@@ -16,6 +17,7 @@ from .descriptor import DerivedEProperty, EProperty
 from .layouts import Logits, Probabilities
 from .placement import check_device_map, input_device, pipeline_placement
 from .registry import REGISTRY, family_name
+from .remote import ship_by_reference
 
 #: The spellings most transformers families share; a family's RENAME is merged over them.
 COMMON_RENAME: dict[Any, Any] = {
@@ -129,6 +131,20 @@ class StandardizedTransformer(TransformersModel):
         if next(self._module.parameters(), None) is None:
             return None
         return input_device(self._module)
+
+    def _remoteable_class(self) -> type:
+        """A remote request names the plain checkpoint's deployment: nnsight's ``TransformersModel`` (see ``nnterp.remote``)."""
+        return TransformersModel
+
+    def _remoteable_model_key(self) -> str:
+        if os.path.isdir(self.repo_id):
+            # No hub to canonicalize a local directory against: the server has the same one.
+            return json.dumps({"repo_id": os.path.abspath(self.repo_id), "revision": self.revision})
+        return super()._remoteable_model_key()
+
+    def _remote_backend(self, *args: Any, **kwargs: Any) -> Any:
+        ship_by_reference()
+        return super()._remote_backend(*args, **kwargs)
 
     family: ModuleType
     """The family module of this model (``nnterp.families.llama``, or a generic family with ``GENERIC``)."""
