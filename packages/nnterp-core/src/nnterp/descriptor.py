@@ -46,6 +46,7 @@ from nnsight.intervention.util import first_input, replace_first_input
 
 from . import layouts
 from .order import FORWARD_ORDER, OrderError, passed, standard_path
+from .tensor_parallel import sliced_reason
 
 Reason = "str | Callable[[Envoy], str | None] | None"
 Select = "int | str | ArgumentSelection | Callable[[Envoy], int | str | ArgumentSelection | None] | None"
@@ -186,10 +187,13 @@ class EProperty(eproperty):
     # -- what the value is -------------------------------------------------
 
     def reason(self, obj: Envoy) -> str | None:
-        """Why this value is not available on ``obj``, or ``None`` when it is."""
-        if callable(self.unavailable):
-            return self.unavailable(obj)
-        return self.unavailable
+        """Why this value is not available on ``obj``, or ``None`` when it is.
+
+        The family's reason first; then, on a model split by tensor
+        parallelism, the slice a rank holds of a split axis (``nnterp.tensor_parallel``).
+        """
+        own = self.unavailable(obj) if callable(self.unavailable) else self.unavailable
+        return own if own is not None else sliced_reason(self.dims, obj.root)
 
     def key_for(self, obj: Envoy) -> str:
         """The path for ``obj``: the path itself, or what the key function returns for it."""

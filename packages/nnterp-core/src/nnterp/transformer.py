@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from nnsight import NNsightDeprecationWarning
+from nnsight.modeling.tp.envoys import tp_envoys, wants_tensor_parallel
 from nnsight.modeling.transformers import TransformersModel
 
 from .components.standard import blocks_support
@@ -18,6 +19,7 @@ from .layouts import Logits, Probabilities
 from .placement import check_device_map, input_device, pipeline_placement
 from .registry import REGISTRY, family_name
 from .remote import ship_by_reference
+from .tensor_parallel import shim_nnsight
 
 #: The spellings most transformers families share; a family's RENAME is merged over them.
 COMMON_RENAME: dict[Any, Any] = {
@@ -104,6 +106,10 @@ class StandardizedTransformer(TransformersModel):
             # nnsight then loads the weights itself and wraps them, where the pipeline's placement is ours.
             kwargs.setdefault("config", config)
         kwargs.setdefault("rename", {**COMMON_RENAME, **family.RENAME})
+        if wants_tensor_parallel(model, kwargs):
+            shim_nnsight()
+            # nnsight's envoys for the split Linear and Embedding modules, beside the family's standard ones.
+            kwargs.setdefault("envoys", {**tp_envoys(), **family.ENVOYS})
         kwargs.setdefault("envoys", dict(family.ENVOYS))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NNsightDeprecationWarning)
