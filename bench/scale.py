@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import tempfile
 
+import deltanet
 import harness
 import torch
 from nnsight.schema.request import RequestModel
@@ -58,17 +59,7 @@ CONFIG = dict(
     bos_token_id=2,
 )
 MIXER_VALUES = {
-    "linear_attn": (
-        "attention_queries",
-        "attention_keys",
-        "attention_values",
-        "decays",
-        "betas",
-        "state_input",
-        "attention_head_outputs",
-        "state_output",
-        "attention_output",
-    ),
+    "linear_attn": deltanet.VALUES,
     "self_attn": (
         "attention_queries",
         "attention_keys",
