@@ -22,12 +22,9 @@ for nnterp:
 
 from __future__ import annotations
 
-import sys
-
 
 def ship_by_reference() -> None:
     """Keep nnterp and its plugins out of the modules nnsight serializes by value; the server imports them."""
-    from cloudpickle import unregister_pickle_by_value
     from cloudpickle.cloudpickle import _PICKLE_BY_VALUE_MODULES
     from nnsight.ndif import pull_env
 
@@ -36,9 +33,4 @@ def ship_by_reference() -> None:
     pull_env()  # registers every editable install by value, once per process; undone for ours below
     # A plugin is a module, or an object registered directly (whose class's module is its package's).
     plugins = (getattr(info.module, "__name__", type(info.module).__module__) for info in REGISTRY.plugins())
-    ours = {"nnterp"} | {name.partition(".")[0] for name in plugins}
-    for name in ours & set(_PICKLE_BY_VALUE_MODULES):
-        if name in sys.modules:
-            unregister_pickle_by_value(sys.modules[name])
-        else:
-            _PICKLE_BY_VALUE_MODULES.discard(name)
+    _PICKLE_BY_VALUE_MODULES.difference_update({"nnterp"} | {name.partition(".")[0] for name in plugins})

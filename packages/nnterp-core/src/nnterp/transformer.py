@@ -106,11 +106,12 @@ class StandardizedTransformer(TransformersModel):
             # nnsight then loads the weights itself and wraps them, where the pipeline's placement is ours.
             kwargs.setdefault("config", config)
         kwargs.setdefault("rename", {**COMMON_RENAME, **family.RENAME})
+        envoys = dict(family.ENVOYS)
         if wants_tensor_parallel(model, kwargs):
             shim_nnsight()
             # nnsight's envoys for the split Linear and Embedding modules, beside the family's standard ones.
-            kwargs.setdefault("envoys", {**tp_envoys(), **family.ENVOYS})
-        kwargs.setdefault("envoys", dict(family.ENVOYS))
+            envoys = {**tp_envoys(), **envoys}
+        kwargs.setdefault("envoys", envoys)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NNsightDeprecationWarning)
             super().__init__(model, tokenizer=tokenizer, **kwargs)
