@@ -131,13 +131,17 @@ class BertMlp(Mlp):
 
 
 def envoys_of(
-    modeling: ModuleType, prefix: str, layer: type = BertLayer, attention: type = BertAttention
+    modeling: ModuleType,
+    prefix: str,
+    layer: type = BertLayer,
+    attention: type = BertAttention,
+    mlp: type = BertMlp,
 ) -> dict[type, type]:
     """The standard envoys of a family that copies BERT's block, keyed on its classes named ``prefix`` + BERT's."""
     return {
         getattr(modeling, f"{prefix}Layer"): layer,
         getattr(modeling, f"{prefix}SelfAttention"): attention,
-        getattr(modeling, f"{prefix}Intermediate"): BertMlp,
+        getattr(modeling, f"{prefix}Intermediate"): mlp,
     }
 
 

@@ -18,9 +18,6 @@ class XLMRobertaXLMlp(bert.BertMlp):
 
 
 MODEL_TYPES = ("xlm-roberta-xl",)
-ENVOYS = {
-    **bert.envoys_of(MODELING, "XLMRobertaXL", layer=XLMRobertaXLLayer),
-    MODELING.XLMRobertaXLIntermediate: XLMRobertaXLMlp,
-}
+ENVOYS = bert.envoys_of(MODELING, "XLMRobertaXL", layer=XLMRobertaXLLayer, mlp=XLMRobertaXLMlp)
 RENAME = {**bert.RENAME, "roberta.encoder.LayerNorm": "ln_final"}
 TINY_CONFIG = bert.TINY_CONFIG
