@@ -1,4 +1,4 @@
-"""delta_rule_states against transformers' own token-by-token delta-rule kernels, stepped one token per call."""
+"""delta_rule_states and delta_rule_mixing against transformers' own token-by-token delta-rule kernels, one token per call."""
 
 import inspect
 
@@ -9,7 +9,9 @@ from transformers.models.kimi_linear import modeling_kimi_linear
 from transformers.models.qwen3_5 import modeling_qwen3_5
 
 from nnterp import positions
+from nnterp.analysis import mixed
 from nnterp.testing.recurrent import POSITION_IDS, POSITIONS, check_positions, close_relative
+from nnterp_deltanet.mixing import delta_rule_mixing
 from nnterp_deltanet.trajectory import delta_rule_states
 
 # The pure-torch bodies, past the hub dispatcher (which would pick fla's compiled kernels if installed).
@@ -40,16 +42,16 @@ def inputs(seq=SEQ, per_channel=False, beta_max=1.0, with_state=True, dtype=torc
     return (*cast, g, beta.to(dtype), state)
 
 
-def token_loop_states(query, key, value, g, beta, state, per_channel=False):
-    """Every state, from transformers' recurrent kernel called once per token with the previous token's state."""
+def token_loop(query, key, value, g, beta, state, per_channel=False):
+    """Every state and output, from transformers' recurrent kernel called once per token with the previous token's state."""
     kernel = KIMI_DELTA_RULE if per_channel else GATED_DELTA_RULE
     # queries and keys repeated to the value heads: the kernel then skips its own repeat (5.23+), and 5.17 needs it
     repeat = value.shape[2] // key.shape[2]
     query, key = query.repeat_interleave(repeat, dim=2), key.repeat_interleave(repeat, dim=2)
-    states = []
+    states, outputs = [], []
     for t in range(query.shape[1]):
         token = slice(t, t + 1)
-        _, state = kernel(
+        output, state = kernel(
             query[:, token],
             key[:, token],
             value[:, token],
@@ -60,7 +62,13 @@ def token_loop_states(query, key, value, g, beta, state, per_channel=False):
             use_qk_l2norm_in_kernel=True,
         )
         states.append(state)
-    return torch.stack(states, dim=1)
+        outputs.append(output)
+    return torch.stack(states, dim=1), torch.cat(outputs, dim=1)
+
+
+def token_loop_states(*args, per_channel=False):
+    """Every state, from transformers' recurrent kernel called once per token (``token_loop``)."""
+    return token_loop(*args, per_channel=per_channel)[0]
 
 
 @pytest.mark.parametrize("per_channel", [False, True], ids=["gated_deltanet", "kimi_kda"])
@@ -157,3 +165,49 @@ def test_dtype_follows_the_kernels_inputs():
     assert in_bf16.dtype == torch.bfloat16 and in_float32.dtype == torch.float32
     close_relative(in_float32, expected[:, ::10])
     assert torch.equal(in_bf16, in_float32.to(torch.bfloat16))
+
+
+def mixing(args, rows=None, heads=None, chunk_size=64):
+    query, key, value, g, beta, state = args
+    rows = torch.arange(query.shape[1]) if rows is None else rows
+    heads = torch.arange(HEADS) if heads is None else heads
+    return delta_rule_mixing(query, key, value, g, beta, state, rows, heads, use_qk_l2norm=True, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["gated_deltanet", "kimi_kda"])
+@pytest.mark.parametrize("with_state", [False, True], ids=["fresh", "over_state"])
+def test_token_mixing_rebuilds_the_token_loops_outputs(per_channel, with_state):
+    """Three chunks (the last partial) over a state: every row reads earlier chunks through their carries."""
+    args = inputs(per_channel=per_channel, with_state=with_state, beta_max=2.0, seed=9)
+    _, outputs = token_loop(*args, per_channel=per_channel)
+    matrix, offset = mixing(args)
+    assert matrix.shape == (BATCH, HEADS, SEQ, SEQ) and offset.shape == outputs.shape
+    close_relative(mixed(matrix, args[2]) + offset, outputs)
+    assert with_state or not offset.any(), "a call from zeros has nothing but its values to read"
+
+
+def test_token_mixing_is_the_product_of_the_token_transitions():
+    """M[t, j] = beta_j q_t^T A_t ... A_{j+1} k_j with A_i = (I - beta_i k_i k_i^T) exp(g_i), the key removal kept."""
+    seq = 20
+    query, key, value, g, beta, _ = inputs(seq=seq, per_channel=True, seed=10)
+    matrix, _ = mixing((query, key, value, g, beta, None), chunk_size=8)
+    head, rows = 1, []
+    q = F.normalize(query[0, :, head], dim=-1, eps=1e-6) * KEY_DIM**-0.5
+    k = F.normalize(key[0, :, head], dim=-1, eps=1e-6)
+    for t in range(seq):
+        reading, row = q[t], []
+        for j in range(t, -1, -1):
+            row.append(beta[0, j, head] * reading @ k[j])
+            # one transition further back: the row vector times A_j
+            reading = (reading - beta[0, j, head] * (reading @ k[j]) * k[j]) * g[0, j, head].exp()
+        rows.append(torch.stack(row[::-1] + [torch.tensor(0.0)] * (seq - t - 1)))
+    close_relative(matrix[0, head], torch.stack(rows))
+
+
+def test_token_mixing_rows_and_heads_are_slices_of_the_whole():
+    args = inputs(seed=11)
+    matrix, offset = mixing(args)
+    rows, heads = torch.tensor([0, 63, 64, 149]), torch.tensor([3, 1])
+    part, part_offset = mixing(args, rows=rows, heads=heads)
+    close_relative(part, matrix[:, heads][:, :, rows], tolerance=1e-6)
+    close_relative(part_offset, offset[:, rows][:, :, heads], tolerance=1e-6)

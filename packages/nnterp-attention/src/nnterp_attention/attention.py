@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from nnterp import EProperty, Sublayer, contribution
+from nnterp.analysis import Heads, selected_mixing
 from nnterp.layouts import HeadOutputs, Keys, Pattern, Queries, Residual, Values
+from nnterp.positions import Positions
 
 NOT_EAGER = (
     "read inside transformers' eager attention, which this model does not run: it was loaded with "
@@ -182,6 +184,17 @@ class Attention(Sublayer):
                 model.layers[3].self_attn.attention_probabilities[:, :, -1] = 0
         """
         return value
+
+    def token_mixing(self, positions: Positions = None, heads: Heads = None) -> Pattern:
+        """How each query row mixes the values of every token, [batch, num_heads, query, key]: the attention pattern.
+
+        ``attention_probabilities`` under the name every recurrent mixer serves
+        its exact token-to-token matrix by, so one analysis runs over every block
+        of a hybrid. ``positions`` picks query rows and ``heads`` heads, as on a
+        recurrent mixer (an int drops the axis). Read it where
+        ``attention_probabilities`` can be read.
+        """
+        return selected_mixing(self.attention_probabilities, positions, heads)
 
     @EProperty(_interface("output"), select=0, unavailable=interface_reason)
     def attention_head_outputs(self, value: Any) -> HeadOutputs:

@@ -63,6 +63,8 @@ ChannelGates = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM}"]
 State = Float[Tensor, f"{BATCH} {MIXER_HEADS} {KEY_DIM} {VALUE_DIM}"]
 States = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM} {VALUE_DIM}"]
 LinearHeadOutputs = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {VALUE_DIM}"]
+#: A recurrent mixer's token mixing (``token_mixing``): per head, how each query row mixes the values of every token.
+Mixing = Float[Tensor, f"{BATCH} {MIXER_HEADS} {QUERY} {KEY}"]
 
 ScanQK = Float[Tensor, f"{BATCH} {SEQ} {GROUPS} {STATE_DIM}"]
 ScanValues = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS}"]
@@ -70,6 +72,7 @@ ScanSteps = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS}"]
 ScanDecays = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS} {STATE_DIM}"]
 ScanState = Float[Tensor, f"{BATCH} {CHANNELS} {STATE_DIM}"]
 ScanStates = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS} {STATE_DIM}"]
+ScanMixing = Float[Tensor, f"{BATCH} {CHANNELS} {QUERY} {KEY}"]
 
 SSDQueries = Float[Tensor, f"{BATCH} {SEQ} {GROUPS} {STATE_DIM}"]
 SSDKeys = SSDQueries

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from nnterp import EProperty
+from nnterp.analysis import TokenMixing
 from nnterp.components.call_order import RETURNED_TOGETHER
 from nnterp.components.kernels import ENTERING_STATE, KernelCall, argument, kernel, needs_torch_kernels
 from nnterp.components.per_token import TOKEN_LOOP
@@ -19,6 +20,7 @@ from nnterp.descriptor import ArgumentSelection, BoundArgument
 from nnterp.layouts import ChannelGates, Gates, LinearHeadOutputs, LinearQK, LinearV, State, States
 from nnterp.positions import Positions
 
+from .mixing import delta_rule_mixing
 from .trajectory import delta_rule_states
 
 #: route_delta_rule's modes and the route_kernels modes they are.
@@ -203,6 +205,21 @@ class LinearAttention(RecurrentMixer):
             positions=positions,
             use_qk_l2norm=bool(self.argument("use_qk_l2norm_in_kernel")),
             dtype=dtype,
+        )
+
+    def mixing_from_arguments(self, rows: torch.Tensor, heads: torch.Tensor) -> TokenMixing:
+        """The delta rule's token mixing at ``rows`` and ``heads`` of this call (``delta_rule_mixing``)."""
+        query, key, value, g, beta = (self.argument(name) for name in ("query", "key", "value", "g", "beta"))
+        return delta_rule_mixing(
+            query,
+            key,
+            value,
+            g,
+            beta,
+            self.entering_state(),
+            rows,
+            heads,
+            use_qk_l2norm=bool(self.argument("use_qk_l2norm_in_kernel")),
         )
 
 

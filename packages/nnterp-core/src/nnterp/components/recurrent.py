@@ -30,10 +30,11 @@ from typing import Any
 import torch
 from nnsight.intervention.interleaver import Mediator
 
+from ..analysis.mixing import Heads, TokenMixing, select_heads
 from ..descriptor import DerivedEProperty, EProperty, Unavailable, inside_trace
-from ..layouts import Residual, State, States
+from ..layouts import MIXER_HEADS, Mixing, Residual, State, States
 from ..order import OrderError, standard_path
-from ..positions import Positions
+from ..positions import Positions, select_positions
 from .call_order import CallOrder
 from .kernels import (
     ENTERING_STATE,
@@ -46,7 +47,7 @@ from .kernels import (
 )
 from .per_call import per_call, pinned, replace_per_call
 from .per_token import PerToken, needs_recurrent_routing
-from .standard import Sublayer, contribution
+from .standard import Sublayer, axis_size, contribution
 
 #: The attribute of a served state copy holding (the buffer it goes back into or ``None``, its layout), for the
 #: write-back of an in-place edit.
@@ -103,6 +104,8 @@ class RecurrentMixer(CallOrder, Sublayer):
     #: The mixer module's attribute counting the kernel calls one forward makes, where the forward calls its kernel
     #: in a loop (``"n_mamba_heads"``); ``None``: once per forward.
     CALLS_PER_FORWARD: str | None = None
+    #: The layout axis ``token_mixing`` has a row per: the state's heads, or Mamba-1's channels.
+    MIXING_HEADS: str = MIXER_HEADS
     #: The call inside transformers' hub dispatcher wrapper that runs the kernel's body.
     DISPATCHED: str = "implementation_0"
 
@@ -414,6 +417,63 @@ class RecurrentMixer(CallOrder, Sublayer):
     def states_from_arguments(self, positions: Positions, dtype: torch.dtype | None) -> States:
         """The family's math: the states after ``positions`` of this call, from its arguments (see ``trajectory``)."""
         raise NotImplementedError(f"{type(self).__name__} declares no states_from_arguments")
+
+    def token_mixing(self, positions: Positions = None, heads: Heads = None) -> Mixing:
+        """The exact token-to-token matrix of this call: how each output row mixes the call's values, [batch, heads, rows, seq].
+
+        ``M[b, h, t, j]`` is how much of token ``j``'s value (``attention_values``)
+        head ``h`` puts into token ``t``'s head output: the mixer is linear in its
+        values once its queries, keys and gates are fixed
+        (:mod:`nnterp.analysis.mixing`), and ``M`` is that linear map with
+        nothing dropped (the delta rule's key removal included), so
+        ``mixed(M, attention_values) + mixing_offset() == attention_head_outputs``
+        to float rounding. On Mamba-1 the heads are its channels. Computed in
+        float32 from the kernel call's arguments, like ``trajectory``: no routing
+        needed, beside an optimized kernel too; it follows assigned arguments.
+
+        ``positions`` picks the query rows as ``states[:, positions]`` would and
+        only those are computed; ``heads`` picks heads as ``M[:, heads]`` would
+        (an int drops the axis either way). A decode step's matrix is one row by
+        one column: what it inherits from the prompt is in the offset.
+        """
+        return self._mixing("token_mixing", positions, heads).matrix
+
+    def mixing_offset(self, positions: Positions = None, heads: Heads = None) -> torch.Tensor:
+        """What this call's head outputs hold besides ``token_mixing``'s mix of its values, in their layout.
+
+        The readout of the state the call started from (zero on a prompt from
+        zeros) and the family's skip term (``D * x`` on Mamba), at the rows and
+        heads ``positions`` and ``heads`` pick: ``attention_head_outputs`` is
+        ``mixed(token_mixing(), attention_values) + mixing_offset()``.
+        """
+        return self._mixing("mixing_offset", positions, heads).offset
+
+    def _mixing(self, what: str, positions: Positions, heads: Heads) -> TokenMixing:
+        inside_trace(self, f"{what}()")
+        reason = needs_kernel_call(self)
+        if reason is not None:
+            raise Unavailable(f"{what} on {standard_path(self)}: {reason}")
+        rows, order, single_row = select_positions(positions, self._seq(*self.call_arguments()))
+        chosen, single_head = select_heads(heads, axis_size(self, type(self).MIXING_HEADS))
+        with torch.no_grad():
+            matrix, offset = self.mixing_from_arguments(rows, chosen)
+        if order is not None:
+            matrix, offset = matrix[:, :, order], offset[:, order]
+        if single_row:
+            matrix, offset = matrix[:, :, 0], offset[:, 0]
+        if single_head:
+            matrix, offset = matrix[:, 0], offset[:, :, 0] if not single_row else offset[:, 0]
+        return TokenMixing(matrix, offset)
+
+    def mixing_from_arguments(self, rows: torch.Tensor, heads: torch.Tensor) -> TokenMixing:
+        """The family's math: the token mixing at ``rows`` (sorted, distinct positions) and ``heads`` (indices), float32.
+
+        From the kernel call's arguments (``argument``) and the state it started
+        from (``entering_state``): a :class:`~nnterp.analysis.mixing.TokenMixing`
+        whose matrix is ``[batch, heads, rows, seq]`` and whose offset is the head
+        outputs' layout at those rows and heads.
+        """
+        raise NotImplementedError(f"{type(self).__name__} declares no mixing_from_arguments")
 
     def _state_trajectory(self) -> States:
         """The state after every token of this call, [batch, seq, ...the state's axes], from the kernel call's arguments; no routing needed."""

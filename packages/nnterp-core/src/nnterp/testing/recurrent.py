@@ -27,6 +27,7 @@ from ..components.recurrent import RecurrentMixer
 from ..components.routing import route_kernels
 from ..descriptor import Unavailable
 from ..registry import REGISTRY
+from .mixing import TokenMixingSuite
 from .models import tiny_standardized
 from .order import TraceOrderSuite
 from .suites import PROMPT, blocks_with
@@ -74,11 +75,12 @@ def check_positions(compute: Callable[..., torch.Tensor], positions: Any) -> Non
     close_relative(compute(positions=positions), selected(compute(), positions), f"positions={positions!r}", 1e-6)
 
 
-class RecurrentMixerSuite(TraceOrderSuite):
+class RecurrentMixerSuite(TokenMixingSuite, TraceOrderSuite):
     """``state_trajectory`` is the state the model itself carries, after every token of every call.
 
     It carries the trace contract's order matrix too (``TraceOrderSuite``), on
-    the first block with a recurrent mixer.
+    the first block with a recurrent mixer, and the token mixing's identity
+    (``TokenMixingSuite``).
     """
 
     #: The values at the kernel call an assignment may replace; the trajectory must follow each.

@@ -323,6 +323,18 @@ class AttentionSuite(Suite):
             expected = (pattern @ repeated).transpose(1, 2)
             close(heads, expected, what=f"layers[{layer}] head outputs vs pattern @ values")
 
+    def test_token_mixing_is_the_pattern_at_the_asked_rows_and_heads(self) -> None:
+        layer = self.attention_blocks()[0]
+        attention = self.model.layers[layer].self_attn
+        selections = ({}, {"positions": [-1, 0]}, {"positions": 2, "heads": -1}, {"heads": slice(1, None)})
+        read: list[torch.Tensor] = []
+        with self.model.trace(PROMPT):
+            pattern = attention.attention_probabilities.save()
+            read.extend(attention.token_mixing(**chosen).save() for chosen in selections)
+        expected = (pattern, pattern[:, :, [-1, 0]], pattern[:, -1, 2], pattern[:, 1:])
+        for chosen, matrix, want in zip(selections, read, expected, strict=True):
+            assert torch.equal(matrix, want), f"token_mixing({chosen}) is not the pattern's selection"
+
     def test_zero_queries_give_uniform_causal_pattern(self) -> None:
         for layer in self.attention_blocks():
             attention = self.model.layers[layer].self_attn
