@@ -20,7 +20,7 @@ from nnterp.descriptor import ArgumentSelection, BoundArgument
 from nnterp.layouts import ChannelGates, Gates, LinearHeadOutputs, LinearQK, LinearV, State, States
 from nnterp.positions import Positions
 
-from .mixing import delta_rule_mixing
+from .mixing import delta_rule_mixing, delta_rule_readout
 from .trajectory import delta_rule_states
 
 #: route_delta_rule's modes and the route_kernels modes they are.
@@ -219,6 +219,15 @@ class LinearAttention(RecurrentMixer):
             self.entering_state(),
             rows,
             heads,
+            use_qk_l2norm=bool(self.argument("use_qk_l2norm_in_kernel")),
+        )
+
+    def readout_from_arguments(self, state: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The scaled queries at ``rows`` reading ``state`` (``delta_rule_readout``)."""
+        return delta_rule_readout(
+            self.argument("query"),
+            state,
+            rows,
             use_qk_l2norm=bool(self.argument("use_qk_l2norm_in_kernel")),
         )
 

@@ -82,10 +82,7 @@ def delta_rule_mixing(
         torch.float32,
     )
     rule.lay_out(end)
-    query = per_value_head(query).transpose(1, 2).float()
-    if use_qk_l2norm:
-        query = query * torch.rsqrt((query * query).sum(-1, keepdim=True) + 1e-6)
-    query = rule.in_chunks(query * query.shape[-1] ** -0.5, 2)
+    query = rule.in_chunks(_reading(per_value_head(query), use_qk_l2norm).transpose(1, 2), 2)
     cumulative = rule.gates.cumsum(dim=3)
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=key.device).triu(1)
     decayed_scores = _ut_system(rule.keys, query, cumulative, causal)  # A_qk, the diagonal kept
@@ -111,3 +108,24 @@ def delta_rule_mixing(
     if initial_state is not None:
         offset = (functional @ initial_state[:, selected].float()).transpose(1, 2)
     return TokenMixing(matrix, offset)
+
+
+def delta_rule_readout(query: Tensor, state: Tensor, rows: Tensor, *, use_qk_l2norm: bool) -> Tensor:
+    """What the queries at ``rows`` read from ``state``: ``[batch, rows, heads, value_dim]``, float32.
+
+    ``query`` is the kernel's ``[batch, seq, key_heads, key_dim]`` (repeated to
+    the state's heads as the kernel does), ``state`` ``[batch, heads,
+    key_dim, value_dim]``: the head outputs those tokens would give with
+    ``state`` as the state after each of them.
+    """
+    heads = state.shape[1]
+    query = query[:, rows.to(query.device)].repeat_interleave(heads // query.shape[2], dim=2)
+    return torch.einsum("bthk,bhkv->bthv", _reading(query, use_qk_l2norm), state.float())
+
+
+def _reading(query: Tensor, use_qk_l2norm: bool) -> Tensor:
+    """Queries as the kernel reads with them: float32, l2-normalized if it normalizes, scaled by 1/sqrt(key_dim)."""
+    query = query.float()
+    if use_qk_l2norm:
+        query = query * torch.rsqrt((query * query).sum(-1, keepdim=True) + 1e-6)
+    return query * query.shape[-1] ** -0.5

@@ -2,8 +2,23 @@
 
 - :mod:`.mixing`: a sequence mixer's exact token-to-token matrix (``token_mixing`` on every
   recurrent mixer and attention) and the identity it satisfies.
+- :mod:`.knockout`: take a token out of what later tokens read (``knock_out`` in a trace,
+  ``knockout`` over positions).
+- :mod:`.patching`: continue a target prompt from a source prompt's state (``patch_state``).
 """
 
+from .knockout import knock_out, knockout, last_logits
 from .mixing import Heads, TokenMixing, mixed, select_heads, selected_mixing
+from .patching import patch_state
 
-__all__ = ["Heads", "TokenMixing", "mixed", "select_heads", "selected_mixing"]
+__all__ = [
+    "Heads",
+    "TokenMixing",
+    "knock_out",
+    "knockout",
+    "last_logits",
+    "mixed",
+    "patch_state",
+    "select_heads",
+    "selected_mixing",
+]

@@ -448,6 +448,32 @@ class RecurrentMixer(CallOrder, Sublayer):
         """
         return self._mixing("mixing_offset", positions, heads).offset
 
+    def read_state(self, state: torch.Tensor, positions: Positions = None) -> torch.Tensor:
+        """What this call's head outputs at ``positions`` would be, each reading ``state`` instead of its own state.
+
+        The mixer's own readout (a gated DeltaNet's scaled query, a Mamba's
+        ``C`` and skip term) applied to ``state``, in the layout of
+        ``state_output`` (``[batch, heads, ...]``): asks "what would this state
+        answer at token t". Returns ``attention_head_outputs``' layout at those
+        rows (an int drops the axis), float32; ``read_state(state_after(t), t)``
+        is the head output at ``t`` itself. Computed from the kernel call's
+        arguments, like ``token_mixing``.
+        """
+        inside_trace(self, "read_state()")
+        reason = needs_kernel_call(self)
+        if reason is not None:
+            raise Unavailable(f"read_state on {standard_path(self)}: {reason}")
+        rows, order, single = select_positions(positions, self._seq(*self.call_arguments()))
+        with torch.no_grad():
+            outputs = self.readout_from_arguments(state.float(), rows)
+        if order is not None:
+            outputs = outputs[:, order]
+        return outputs[:, 0] if single else outputs
+
+    def readout_from_arguments(self, state: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The family's math: the head outputs at ``rows`` of this call, each reading ``state`` (float32), from its arguments."""
+        raise NotImplementedError(f"{type(self).__name__} declares no readout_from_arguments")
+
     def _mixing(self, what: str, positions: Positions, heads: Heads) -> TokenMixing:
         inside_trace(self, f"{what}()")
         reason = needs_kernel_call(self)

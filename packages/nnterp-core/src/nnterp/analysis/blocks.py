@@ -1,0 +1,56 @@
+"""What the analyses ask of a model: its sequence mixers by block, and a prompt as token ids."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+if TYPE_CHECKING:
+    from ..components.recurrent import RecurrentMixer
+
+
+class Mixers(NamedTuple):
+    """One block's sequence mixers under their standard names: its recurrent mixer and its attention, either ``None``."""
+
+    layer: int
+    recurrent: "RecurrentMixer | None"
+    attention: Any
+
+
+def mixers(model: Any, layers: Iterable[int] | None = None) -> list[Mixers]:
+    """The sequence mixers of the blocks ``layers`` (default: every block), in forward order; call it outside a trace.
+
+    A hybrid's block has one or the other, Falcon-H1's both. Blocks with
+    neither (a Zamba shared-attention block's own MLP side, a block of MLP
+    only) are left out.
+
+    Raises:
+        IndexError: a layer outside ``model.layers``.
+    """
+    count = len(model.layers)
+    chosen = range(count) if layers is None else sorted({layer % count for layer in _checked(layers, count)})
+    found = []
+    for layer in chosen:
+        block = model.layers[layer]
+        recurrent, attention = getattr(block, "linear_attn", None), getattr(block, "self_attn", None)
+        if recurrent is not None or attention is not None:
+            found.append(Mixers(layer, recurrent, attention))
+    return found
+
+
+def _checked(layers: Iterable[int], count: int) -> list[int]:
+    layers = list(layers)
+    outside = [layer for layer in layers if not -count <= layer < count]
+    if outside:
+        raise IndexError(f"layers {outside} are outside the model's {count} blocks (0 to {count - 1}, or negative)")
+    return layers
+
+
+def token_ids(model: Any, prompt: str | torch.Tensor) -> torch.Tensor:
+    """``prompt`` as one row of token ids, ``[1, seq]``: tokenized by the model's tokenizer, or ids as given."""
+    if isinstance(prompt, str):
+        return model.tokenizer(prompt, return_tensors="pt").input_ids
+    ids = torch.as_tensor(prompt)
+    return ids.unsqueeze(0) if ids.dim() == 1 else ids

@@ -1,0 +1,121 @@
+"""Knockout: take one token out of what later tokens read, in chosen blocks, and see what changes.
+
+In a recurrent mixer a token reaches later tokens only through what it writes into the state,
+and it writes with its key (``beta_t k_t v_t^T`` and the delta rule's removal ``k_t k_t^T S``,
+or Mamba's ``dt_t B_t x_t``): with its key at zero it writes nothing and removes nothing, and
+the state only decays past it. So ``knock_out`` zeroes the key of the knocked token at the
+kernel call (``attention_keys``): everything before it is untouched, the state after it lacks
+its write, and every later token, the knocked one's own output included (it reads the state
+after itself), continues from that state, on the prompt and through the cache on every step of
+``generate``. In an attention block the same removal is an edge knockout: the later queries'
+scores on the knocked key are set to ``-inf`` before the softmax (``attention_scores``), so
+they renormalize over the other tokens; the knocked token's own row is kept, since with its
+own key masked its first token would read nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from .blocks import mixers, token_ids
+
+#: What ``knockout`` compares by default: the logits at the last position, ``[rows, vocab_size]``.
+Metric = Callable[[torch.Tensor], torch.Tensor]
+
+
+def last_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The logits at the last position, float32: ``knockout``'s and ``patch_state``'s default metric."""
+    return logits[:, -1].float()
+
+
+def knock_out(model: Any, positions: Sequence[int] | torch.Tensor, layers: Iterable[int] | None = None) -> None:
+    """Inside a trace: in row ``b`` of the batch, remove token ``positions[b]`` from what later tokens read.
+
+    Zeroes that token's key at each chosen block's recurrent mixer
+    (``attention_keys``) and masks the later queries' scores on it in its
+    attention (``attention_scores``); see the module's docstring for what that
+    removes. ``positions`` has one entry per row of the traced batch (repeat a
+    prompt to knock out several tokens of it at once), each a position of the
+    prompt; ``layers`` defaults to every block. In ``generate``, call it on
+    every step (``for _ in tracer.iter[:]``): a recurrent mixer's decode step
+    already continues from the state without the token, and an attention's
+    decode step reads the knocked key from the cache, so it masks it again.
+
+    Raises:
+        ValueError: ``positions`` does not have one entry per row.
+        nnterp.Unavailable: a chosen mixer cannot serve its keys or scores
+            (an optimized kernel, an attention implementation without the
+            shared interface), with the fix.
+    """
+    chosen = torch.as_tensor(positions).reshape(-1)
+    for block in mixers(model, layers):
+        if block.recurrent is not None and not block.recurrent.decoding():
+            keys = block.recurrent.attention_keys
+            _check_rows(chosen, keys, "attention_keys", block.layer)
+            knocked = torch.arange(keys.shape[1], device=keys.device) == chosen.to(keys.device)[:, None]
+            block.recurrent.attention_keys = keys.masked_fill(knocked.view(*knocked.shape, *[1] * (keys.dim() - 2)), 0)
+        if block.attention is not None:
+            scores = block.attention.attention_scores
+            _check_rows(chosen, scores, "attention_scores", block.layer)
+            queries, keys = scores.shape[-2:]
+            key_position = torch.arange(keys, device=scores.device)
+            # a decode step's queries come after the cached keys
+            query_position = torch.arange(keys - queries, keys, device=scores.device)
+            at = chosen.to(scores.device)[:, None, None, None]
+            later_reads = (key_position == at) & (query_position[:, None] > at)
+            block.attention.attention_scores = scores.masked_fill(later_reads, float("-inf"))
+
+
+def _check_rows(positions: torch.Tensor, value: torch.Tensor, name: str, layer: int) -> None:
+    if len(positions) != value.shape[0]:
+        raise ValueError(
+            f"knock_out: {len(positions)} position(s) for a batch of {value.shape[0]} at layers[{layer}].{name}: "
+            f"give one position per row of the traced batch"
+        )
+
+
+def knockout(
+    model: Any,
+    prompt: str | torch.Tensor,
+    positions: Iterable[int],
+    layers: Iterable[int] | None = None,
+    metric: Metric = last_logits,
+    batch_size: int = 16,
+) -> torch.Tensor:
+    """How knocking out each of ``positions`` changes ``metric``: ``[positions, ...metric's axes]``.
+
+    One forward of the prompt as it is, then the prompt repeated once per
+    knocked position, ``batch_size`` rows per forward, each row knocking out
+    its own position in the blocks ``layers`` (``knock_out``). ``metric``
+    reduces a run's logits ``[rows, seq, vocab_size]`` to what is compared
+    (default: the last position's logits) and runs inside the trace, on the
+    model's device, so the full logits of every row are never kept. The
+    result is ``metric(knocked) - metric(as it is)``, float32.
+    """
+    ids = token_ids(model, prompt)
+    seq = ids.shape[1]
+    knocked = [position % seq for position in _checked_positions(positions, seq)]
+    layers = None if layers is None else list(layers)
+    clean: list[torch.Tensor] = []
+    with model.trace(ids):
+        clean.append(metric(model.logits).float().save())
+    changes = []
+    for start in range(0, len(knocked), batch_size):
+        rows = knocked[start : start + batch_size]
+        read: list[torch.Tensor] = []
+        with model.trace(ids.expand(len(rows), -1)):
+            knock_out(model, rows, layers)
+            read.append(metric(model.logits).float().save())
+        changes.append(read[0] - clean[0])
+    return torch.cat(changes).detach()
+
+
+def _checked_positions(positions: Iterable[int], seq: int) -> list[int]:
+    positions = list(positions)
+    outside = [position for position in positions if not -seq <= position < seq]
+    if outside:
+        raise IndexError(f"positions {outside} are outside the prompt's {seq} tokens (0 to {seq - 1}, or negative)")
+    return positions

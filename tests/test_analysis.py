@@ -1,0 +1,148 @@
+"""Knockout and state patching on an attention model, a gated DeltaNet hybrid, a Mamba-1 and a Mamba-2, built on the
+standard values and checked against what the recurrence itself says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nnterp import REGISTRY, route_kernels
+from nnterp.analysis import knock_out, knockout, mixed, patch_state
+from nnterp.testing import PROMPT, blocks_with, tiny_standardized
+from nnterp_deltanet.testing import reference_delta_rule
+
+FAMILIES = ("llama", "qwen3_next", "mamba", "mamba2")
+#: A prompt sharing PROMPT's first six tokens ("Hello "; the local tokenizer's tokens are characters) and none after,
+#: and one sharing none.
+SAME_START, OTHER = "Hello frog, anyone", "Nothing alike, truly"
+
+
+def mild(model):
+    """Decays as mild as a trained model's, so a state carries from one token to the next (exp(A_log) in [0.005, 0.05])."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for layer in blocks_with(model, "linear_attn"):
+            for name, weight in model.layers[layer].linear_attn._module.named_parameters():
+                if name.endswith("A_log"):
+                    weight.copy_(torch.empty(weight.shape).uniform_(0.005, 0.05, generator=generator).log())
+    return model
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return mild(tiny_standardized(request.param))
+
+
+def whole(logits):
+    return logits.float()
+
+
+def test_knockout_leaves_every_earlier_token_and_changes_the_knocked_ones(model):
+    seq = len(model.tokenizer(PROMPT).input_ids)
+    positions = [2, seq - 3]
+    changes = knockout(model, PROMPT, positions, metric=whole, batch_size=1)
+    assert changes.shape == (2, seq, model.vocab_size)
+    for change, position in zip(changes, positions, strict=True):
+        assert change[:position].abs().max() <= 1e-5, f"knocking out {position} changed an earlier token"
+        # a tiny Mamba writes little into its state next to its skip term D x: changes of 1e-5 are real ones
+        assert change[position + 1 :].abs().max() > 1e-6, f"knocking out {position} changed no later token"
+
+
+def test_knockout_batches_as_it_runs_one_at_a_time(model):
+    positions = [1, 3, 4]
+    together = knockout(model, PROMPT, positions, batch_size=3)
+    alone = knockout(model, PROMPT, positions, batch_size=1)
+    torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-5)
+
+
+def test_a_recurrent_knockout_is_the_recurrence_without_the_tokens_write(model):
+    """In the last recurrent block alone, a Mamba's knocked head outputs are its clean ones less column j of its token
+    mixing; a gated DeltaNet's are the delta rule run again from the served values with key j at zero."""
+    layers = blocks_with(model, "linear_attn")
+    if not layers:
+        pytest.skip("no recurrent mixer")
+    mixer, j = model.layers[layers[-1]].linear_attn, 3
+    served: list = []  # bound outside: a name first bound inside a trace does not survive it
+    read: list = []
+    with model.trace(PROMPT):
+        served.extend(
+            getattr(mixer, name).save() for name in ("attention_queries", "attention_keys", "attention_values")
+        )
+        served.extend((mixer.decays.save(), mixer.betas.save(), mixer.token_mixing().save()))
+        served.append(mixer.attention_head_outputs.save())
+    with model.trace(PROMPT):
+        knock_out(model, [j], layers=[layers[-1]])
+        read.append(mixer.attention_head_outputs.save())
+    queries, keys, values, decays, betas, matrix, clean = served
+    if model.family.__name__.endswith("qwen3_next"):
+        keys = keys.clone()
+        keys[:, j] = 0
+        expected = reference_delta_rule(queries, keys, values, decays, betas)[1]
+    else:
+        expected = clean - mixed(matrix[..., j : j + 1], values[:, j : j + 1])
+    assert not torch.allclose(read[0], clean), "the knockout changed nothing"
+    torch.testing.assert_close(read[0].float(), expected.float(), rtol=1e-4, atol=1e-5)
+
+
+def test_knockout_carries_through_every_step_of_generate(model):
+    """The decode steps continue from the knocked prompt: knocked every step, they differ from the clean steps."""
+    steps, j = 3, 1
+    runs: list[list] = [[], []]
+    for knocked, saved in ((False, runs[0]), (True, runs[1])):
+        with model.generate(PROMPT, max_new_tokens=steps, min_new_tokens=steps, do_sample=False) as tracer:
+            for _ in tracer.iter[:steps]:
+                if knocked:
+                    knock_out(model, [j])
+                saved.append(model.logits[:, -1].save())
+    assert all(not torch.allclose(clean, knocked) for clean, knocked in zip(*runs, strict=True)), (
+        "a decode step read the knocked token"
+    )
+
+
+def test_patching_a_prompts_own_state_or_a_shared_prefix_changes_nothing(model):
+    """The state after t depends on the tokens up to t alone, and the split run continues as the whole one does."""
+    for source in (PROMPT, SAME_START):
+        changes = patch_state(model, source, PROMPT, [2, 5], metric=whole)
+        assert changes.abs().max() <= 1e-4, f"patching from {source!r} changed the target by {changes.abs().max():.2e}"
+    moved = patch_state(model, OTHER, PROMPT, [2, 5], metric=whole)
+    for change, t in zip(moved, [2, 5], strict=True):
+        assert change[:, :t].abs().max() <= 1e-5, "a patch after t changed a token before t"
+        assert change[:, t:].abs().max() > 1e-6, "patching another prompt's state changed nothing"
+
+
+@pytest.mark.filterwarnings(r"ignore:route_kernels\(\.\.\., 'torch'\):UserWarning")
+def test_patch_state_is_set_state_after_on_every_later_token():
+    """Against the primitive: a routed gated DeltaNet continuing from the source's state set with set_state_after."""
+    model = mild(tiny_standardized("qwen3_next"))
+    layers, t = blocks_with(model, "linear_attn"), 3
+    changes = patch_state(model, OTHER, PROMPT, [t], layers=layers, metric=whole)
+    clean: list = []
+    with model.trace(PROMPT):
+        clean.append(model.logits.float().save())
+    patched = clean[0] + changes[0]
+    states: list = []
+    with model.trace(OTHER):
+        states.extend(model.layers[layer].linear_attn.trajectory(positions=t).save() for layer in layers)
+    family = REGISTRY.family("qwen3_next")
+    route_kernels(family, "torch")
+    try:
+        routed = mild(tiny_standardized("qwen3_next"))
+        expected: list = []
+        with routed.trace(PROMPT):
+            for layer, state in zip(layers, states, strict=True):
+                routed.layers[layer].linear_attn.set_state_after(t, state)
+            expected.append(routed.logits.float().save())
+    finally:
+        route_kernels(family, "default")
+    assert changes[0][:, t:].abs().max() > 1e-3, "the patch changed no later token"
+    torch.testing.assert_close(patched, expected[0], rtol=1e-4, atol=1e-4)
+
+
+def test_patching_some_heads_leaves_the_others():
+    model = mild(tiny_standardized("qwen3_next"))
+    layers = blocks_with(model, "linear_attn")
+    every = patch_state(model, OTHER, PROMPT, [3], layers=layers)
+    none = patch_state(model, OTHER, PROMPT, [3], layers=layers, heads=[])
+    some = patch_state(model, OTHER, PROMPT, [3], layers=layers, heads=[0])
+    assert none.abs().max() <= 1e-4 and some.abs().max() > 1e-4
+    assert not torch.allclose(some, every)
