@@ -38,8 +38,10 @@ def patch_state(
 
     ``[positions, ...metric's axes]``: per position ``t``,
     ``metric(patched) - metric(target as it is)``, float32, where ``metric``
-    reduces the target's logits ``[1, seq, vocab_size]`` (default: the last
-    position's); those before ``t`` are the target's own. ``layers`` picks the blocks
+    reduces the target's logits ``[1, seq, vocab_size]`` to ``[1, ...]``
+    (default: the last position's logits), the results concatenated along
+    that first axis as ``knockout``'s are; the logits before ``t`` are the
+    target's own. ``layers`` picks the blocks
     patched (default: all), ``heads`` the heads of each recurrent state
     patched (as ``state[:, heads]``; default: all); an attention block's keys
     and values are patched whole. Source and target need the same tokens up
@@ -68,7 +70,7 @@ def patch_state(
         carried = _carried(model, blocks, source_ids, position)
         patched = _continued(model, blocks, target_ids, position, carried, slice(None) if heads is None else heads)
         changes.append(metric(patched).float() - clean[0])
-    return torch.stack(changes).detach()
+    return torch.cat(changes).detach()
 
 
 def _carried(model: Any, blocks: list[Mixers], ids: torch.Tensor, position: int) -> dict[int, Any]:

@@ -109,6 +109,23 @@ class TokenMixingSuite:
         assert read[0][1][1].dtype == torch.float32, "token_mixing is float32"
         self.check_reconstruction(read, "bfloat16", BFLOAT16_MIXING_TOLERANCE)
 
+    def test_read_state_of_the_state_after_a_token_is_its_head_output(self) -> None:
+        """The mixer's readout: each token's output is what its query reads from the state after it."""
+        mixer = self.mixer(self.recurrent_layers()[0])
+        read: list[Any] = []
+        with self.model.trace(PROMPT):
+            states = mixer.state_trajectory.save()
+            read.append(mixer.attention_head_outputs.save())
+            read.extend(mixer.read_state(states[:, t], positions=t).save() for t in range(states.shape[1]))
+        outputs, answers = read[0], torch.stack(read[1:], dim=1)
+        assert answers.shape == outputs.shape, f"read_state: {tuple(answers.shape)} != {tuple(outputs.shape)}"
+        torch.testing.assert_close(answers, outputs.float(), rtol=1e-4, atol=1e-5)
+        with self.model.trace(PROMPT):
+            states = mixer.state_trajectory.save()
+            read.append(mixer.read_state(torch.zeros_like(states[:, -1]), positions=[0, -1]).save())
+        # a random Mamba's state adds little next to its skip term, but not nothing
+        assert (read[-1] - answers[:, [0, -1]]).abs().max() > 0, "read_state answered without reading the state"
+
     def test_token_mixing_selections_are_slices_of_the_full_matrix(self) -> None:
         mixer = self.mixer(self.recurrent_layers()[0])
         selections = ({"positions": [-1, 2]}, {"positions": 3, "heads": 0}, {"heads": slice(1, None)})

@@ -1,0 +1,106 @@
+"""What the exact analyses cost next to the forward they analyse: token mixing and batched knockout.
+
+The models of bench/trajectory.py (two mixer blocks of each recurrent family, with the real
+mixer dimensions of bench/deltanet.py, bench/mamba.py and bench/ssd.py), random weights, batch 1,
+transformers' default kernels. Interleaved per length, so machine noise hits the runs alike:
+
+- plain: the transformers forward;
+- rows64: a trace reading ``token_mixing(positions=slice(-64, None))`` on both mixers, at the
+  last length (the target: at most 1.3x plain at 4096 tokens);
+- full: a trace reading the whole ``token_mixing()`` on both mixers, at the first length (the
+  target: at most 3x plain at 1024 tokens);
+- knockout: ``nnterp.analysis.knockout`` of 64 positions of a ``--knockout-length`` prompt,
+  ``--batch`` rows per forward, against one plain forward of that prompt (the naive bound is
+  64 forwards and the target at most 64x).
+
+    python bench/analysis.py [--lengths 1024 4096] [--knockout-length 256] [--batch 16] [--families deltanet mamba ssd]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import harness
+import torch
+from trajectory import FAMILIES, Family, mixers
+
+from nnterp.analysis import knockout
+
+KNOCKED = 64
+
+
+def options() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs=2, default=[1024, 4096], metavar=("FULL", "ROWS64"))
+    parser.add_argument("--knockout-length", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
+    parsed = parser.parse_args()
+    if parsed.threads:
+        torch.set_num_threads(parsed.threads)
+    return parsed
+
+
+def mixing(model, ids: dict[int, torch.Tensor], positions=None) -> harness.Run:
+    """A trace reading ``token_mixing(positions=positions)`` on every mixer."""
+
+    def run(n: int) -> None:
+        with torch.no_grad(), model.trace(ids[n]):
+            for mixer in mixers(model):
+                mixer.token_mixing(positions=positions).save()
+
+    return run
+
+
+def knocking(model, ids: dict[int, torch.Tensor], batch: int) -> harness.Run:
+    """``knockout`` of 64 evenly spread positions, ``batch`` rows per forward."""
+
+    def run(n: int) -> None:
+        with torch.no_grad():
+            knockout(model, ids[n], torch.linspace(0, n - 1, KNOCKED).long().tolist(), batch_size=batch)
+
+    return run
+
+
+def measure(family: Family, parsed: argparse.Namespace) -> dict[tuple[str, int], float]:
+    full, rows64 = parsed.lengths
+    ids = harness.token_ids([full, rows64, parsed.knockout_length], family.config["vocab_size"])
+    plain, traced = harness.twins(family.model_type, family.config, **family.load)
+    model = harness.standardized(traced)
+    forward = harness.forward(plain, ids)
+    times = harness.medians({"plain": forward, "full": mixing(model, ids)}, [full], parsed.repeats)
+    times |= harness.medians(
+        {"plain": forward, "rows64": mixing(model, ids, slice(-64, None))}, [rows64], parsed.repeats
+    )
+    times |= harness.medians(
+        {"plain": forward, "knockout": knocking(model, ids, parsed.batch)}, [parsed.knockout_length], parsed.repeats
+    )
+    return times
+
+
+def report(family: Family, times: dict[tuple[str, int], float], batch: int) -> None:
+    print(f"{family.title}; {torch.get_num_threads()} thread(s), median seconds")
+    for (name, n), seconds in times.items():
+        if name == "plain":
+            continue
+        plain = times["plain", n]
+        label = {
+            "full": "token_mixing() whole",
+            "rows64": "token_mixing(positions=-64:)",
+            "knockout": f"knockout of {KNOCKED} positions, {batch} per forward",
+        }[name]
+        print(f"  {n:>5} tokens: plain {plain:7.3f}; {label} {seconds:8.3f} ({seconds / plain:6.2f}x plain)")
+
+
+def main() -> None:
+    parsed = options()
+    for name in parsed.families:
+        report(FAMILIES[name], measure(FAMILIES[name], parsed), parsed.batch)
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
