@@ -110,6 +110,23 @@ def test_patching_a_prompts_own_state_or_a_shared_prefix_changes_nothing(model):
         assert change[t:].abs().max() > 1e-6, "patching another prompt's state changed nothing"
 
 
+def test_patching_carries_into_generation(model):
+    """Patched after the prompt's last token, the greedy steps continue from the source's state; its own, from its own."""
+    steps, t = 3, len(model.tokenizer(PROMPT).input_ids) - 1
+    own = patch_state(model, PROMPT, PROMPT, [t], metric=whole, max_new_tokens=steps)
+    assert own.shape[1] == steps and own.abs().max() <= 1e-4, "patching its own state changed the generation"
+    moved = patch_state(model, OTHER + " and more", PROMPT, [t], metric=whole, max_new_tokens=steps)
+    # the prompt's last token reads a recurrent state after itself, but an attention's keys up to it are its own
+    first = 0 if blocks_with(model, "linear_attn") else 1
+    assert (moved[:, first:].abs().amax(-1) > 1e-6).all(), "a generated step did not continue from the patched state"
+
+
+def test_knockout_carries_into_generation(model):
+    changes = knockout(model, PROMPT, [2], metric=whole, max_new_tokens=3)
+    assert changes.shape == (1, 3, model.vocab_size)
+    assert (changes.abs().amax(-1) > 1e-6).all(), "a generated step read the knocked token"
+
+
 @pytest.mark.filterwarnings(r"ignore:route_kernels\(\.\.\., 'torch'\):UserWarning")
 def test_patch_state_is_set_state_after_on_every_later_token():
     """Against the primitive: a routed gated DeltaNet continuing from the source's state set with set_state_after."""

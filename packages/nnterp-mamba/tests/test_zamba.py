@@ -22,6 +22,9 @@ def test_a_scan_called_once_per_head_is_refused_not_served_as_its_first_head() -
     with pytest.raises(Unavailable, match=r"attention_values on layers\[0\]\.linear_attn: .* once per head"):
         with model.trace(PROMPT):
             block.linear_attn.attention_values.save()
+    with pytest.raises(Unavailable, match=r"token_mixing on layers\[0\]\.linear_attn: .* once per head"):
+        with model.trace(PROMPT):
+            block.linear_attn.token_mixing().save()
     with model.trace(PROMPT):
         entering = block.layer_input.save()
         added = block.linear_attn.attention_output.save()

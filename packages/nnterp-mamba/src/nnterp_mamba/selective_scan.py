@@ -9,13 +9,15 @@ import torch
 import torch.nn.functional as F
 
 from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels, per_call
+from nnterp.analysis.mixing import Heads, TokenMixing
 from nnterp.components.call_order import RETURNED_TOGETHER
 from nnterp.components.kernels import ENTERING_STATE, KernelCall, argument, kernel
 from nnterp.components.per_token import ScanLoop
-from nnterp.layouts import ScanDecays, ScanQK, ScanState, ScanStates, ScanSteps, ScanValues
+from nnterp.layouts import CHANNELS, ScanDecays, ScanMixing, ScanQK, ScanState, ScanStates, ScanSteps, ScanValues
 from nnterp.order import standard_path
 from nnterp.positions import Positions
 
+from .mixing import selective_scan_mixing, selective_scan_readout
 from .trajectory import selective_scan_states
 
 NO_FINAL_STATE = (
@@ -116,6 +118,8 @@ class SelectiveScan(RecurrentMixer):
     )
     DECODE = KernelCall("mamba_selective_state_update_0", "state", "ssm_state_0")
     PER_TOKEN = SelectiveScanLoop()
+    #: token_mixing's heads: each channel runs its own recurrence over its own x
+    MIXING_HEADS = CHANNELS
     #: Inside each kernel (scan, update): the binding of y = C . h + D * x, before the silu(z) gate.
     HEAD_OUTPUTS = ("scan_output_5", "out_1")
     #: Inside the update: the new state as the cache's ``state.copy_`` receives it.
@@ -284,9 +288,7 @@ class SelectiveScan(RecurrentMixer):
 
         The update's tensors have no sequence axis: a decode step's are one token.
         """
-        x, dt, B = (self.argument(name) for name in ("hidden_states", "dt", "B"))
-        if self.decoding():
-            x, dt, B = (tensor.unsqueeze(-1) for tensor in (x, dt, B))
+        x, dt, B = self._sequence_arguments("hidden_states", "dt", "B")
         return selective_scan_states(
             x,
             dt,
@@ -298,3 +300,44 @@ class SelectiveScan(RecurrentMixer):
             softplus=bool(self.argument("dt_softplus")),
             dtype=dtype,
         )
+
+    # -- token mixing ----------------------------------------------------------------------
+
+    def token_mixing(self, positions: Positions = None, heads: Heads = None) -> ScanMixing:
+        """``RecurrentMixer.token_mixing``, whose heads are the scan's channels: [batch, channels, rows, seq].
+
+        The mix is of ``attention_values`` into ``attention_head_outputs``,
+        ``C . h + D * x`` before the ``silu(z)`` gate, which stays outside it.
+        """
+        return super().token_mixing(positions, heads)
+
+    def mixing_from_arguments(self, rows: torch.Tensor, heads: torch.Tensor) -> TokenMixing:
+        """The scan's token mixing at ``rows`` and the channels ``heads`` (``selective_scan_mixing``), from its arguments.
+
+        The offset holds the skip ``D * x`` and, on a decode step, the readout
+        of the cached state the step starts from.
+        """
+        x, dt, B, C = self._sequence_arguments("hidden_states", "dt", "B", "C")
+        return selective_scan_mixing(
+            x,
+            dt,
+            self.argument("A"),
+            B,
+            C,
+            self.argument("D"),
+            self.entering_state(),
+            rows,
+            heads,
+            dt_bias=self.argument("dt_bias"),
+            softplus=bool(self.argument("dt_softplus")),
+        )
+
+    def readout_from_arguments(self, state: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``C_t . h + D x_t`` at ``rows`` with ``state`` as ``h`` (``selective_scan_readout``)."""
+        x, C = self._sequence_arguments("hidden_states", "C")
+        return selective_scan_readout(x, C, self.argument("D"), state, rows)
+
+    def _sequence_arguments(self, *names: str) -> list[torch.Tensor]:
+        """The kernel's arguments ``names`` with their sequence axis last; a decode step's, which have none, as one token."""
+        arguments = [self.argument(name) for name in names]
+        return [argument.unsqueeze(-1) for argument in arguments] if self.decoding() else arguments

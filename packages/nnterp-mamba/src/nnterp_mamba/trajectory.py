@@ -64,6 +64,21 @@ def selective_scan_states(
     return _SelectiveScan(x, dt, A, B, initial_state, dt_bias, softplus, chunk_size, dtype or x.dtype).states(positions)
 
 
+def step_sizes(dt: Tensor, dt_bias: Tensor | None, softplus: bool) -> Tensor:
+    """The scan's step per channel and token, ``[batch, channels, seq]`` in float32, as the kernel derives it.
+
+    ``dt`` ``[batch, channels, seq]`` is the kernel's argument, ``dt_bias`` ``[channels]`` its
+    ``delta_bias``, ``softplus`` its ``delta_softplus``: both are applied in ``dt``'s dtype, as the
+    kernel applies them, before the float32 arithmetic; computing them in float32 instead would
+    differ from the kernel by ``dt``'s rounding.
+    """
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dt.dtype)[..., None]
+    if softplus:
+        dt = F.softplus(dt)
+    return dt.float()
+
+
 class _SelectiveScan(ChunkedRecurrence):
     """One Mamba-1 scan call as a chunked recurrence: its state ``[batch, channels, state_dim]``."""
 
@@ -86,12 +101,7 @@ class _SelectiveScan(ChunkedRecurrence):
 
     def lay_out(self, end: int) -> None:
         """Steps, writes ``dt x`` and keys ``B`` by chunk, and pass 1: what each chunk but the last adds to the state."""
-        dt = self.dt[..., :end]
-        if self.dt_bias is not None:
-            dt = dt + self.dt_bias.to(dt.dtype)[..., None]
-        if self.softplus:
-            dt = F.softplus(dt)
-        step = dt.float()
+        step = step_sizes(self.dt[..., :end], self.dt_bias, self.softplus)
         written = step * self.x[..., :end].float()
         # [batch, chunks, chunk, channels] and B as [batch, chunks, chunk, state_dim], laid out so in memory: offset o
         # of every chunk is one slice with its channels contiguous (a third faster than the channel-first views).

@@ -84,33 +84,57 @@ def knockout(
     layers: Iterable[int] | None = None,
     metric: Metric = last_logits,
     batch_size: int = 16,
+    max_new_tokens: int = 0,
 ) -> torch.Tensor:
     """How knocking out each of ``positions`` changes ``metric``: ``[positions, ...metric's axes]``.
 
-    One forward of the prompt as it is, then the prompt repeated once per
-    knocked position, ``batch_size`` rows per forward, each row knocking out
-    its own position in the blocks ``layers`` (``knock_out``). ``metric``
-    reduces a run's logits ``[rows, seq, vocab_size]`` to what is compared
-    (default: the last position's logits) and runs inside the trace, on the
-    model's device, so the full logits of every row are never kept. The
-    result is ``metric(knocked) - metric(as it is)``, float32.
+    One run of the prompt as it is, then the prompt repeated once per
+    knocked position, ``batch_size`` rows per run, each row knocking out its
+    own position in the blocks ``layers`` (``knock_out``). ``metric`` reduces
+    a run's logits ``[rows, seq, vocab_size]`` to what is compared (default:
+    the last position's logits), inside the trace, on the model's device, so
+    the full logits of every row are never kept. With ``max_new_tokens``, each
+    run is a greedy ``generate`` knocking out on every step, and ``metric``
+    gets each step's next-token logits, ``[rows, max_new_tokens,
+    vocab_size]``. The result is ``metric(knocked) - metric(as it is)``,
+    float32.
     """
     ids = token_ids(model, prompt)
     seq = ids.shape[1]
     knocked = [position % seq for position in _checked_positions(positions, seq)]
     layers = None if layers is None else list(layers)
-    clean: list[torch.Tensor] = []
-    with model.trace(ids):
-        clean.append(metric(model.logits).float().save())
+    clean = metric_of_run(model, ids, metric, max_new_tokens, lambda: None)
     changes = []
     for start in range(0, len(knocked), batch_size):
         rows = knocked[start : start + batch_size]
-        read: list[torch.Tensor] = []
-        with model.trace(ids.expand(len(rows), -1)):
-            knock_out(model, rows, layers)
-            read.append(metric(model.logits).float().save())
-        changes.append(read[0] - clean[0])
+        knocked_run = metric_of_run(
+            model, ids.expand(len(rows), -1), metric, max_new_tokens, lambda rows=rows: knock_out(model, rows, layers)
+        )
+        changes.append(knocked_run - clean)
     return torch.cat(changes).detach()
+
+
+def metric_of_run(
+    model: Any, ids: torch.Tensor, metric: Metric, max_new_tokens: int, intervene: Callable[[], None]
+) -> torch.Tensor:
+    """``metric`` of the logits of a run of ``ids``, ``intervene()`` called inside it first (on every step of generate).
+
+    A trace, with ``metric`` applied inside it; or, with ``max_new_tokens``,
+    a greedy ``generate``, with ``metric`` applied to each step's next-token
+    logits, ``[rows, max_new_tokens, vocab_size]``.
+    """
+    read: list[torch.Tensor] = []
+    if not max_new_tokens:
+        with model.trace(ids):
+            intervene()
+            read.append(metric(model.logits).float().save())
+        return read[0]
+    steps = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+    with model.generate(ids, **steps) as tracer:
+        for _ in tracer.iter[:max_new_tokens]:
+            intervene()
+            read.append(model.logits[:, -1:].save())
+    return metric(torch.cat(read, dim=1)).float()
 
 
 def _checked_positions(positions: Iterable[int], seq: int) -> list[int]:

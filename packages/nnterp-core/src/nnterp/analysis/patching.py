@@ -22,7 +22,7 @@ import torch
 
 from ..components.kernels import CACHE_ARGUMENTS
 from .blocks import Mixers, mixers, token_ids
-from .knockout import Metric, last_logits
+from .knockout import Metric, last_logits, metric_of_run
 
 
 def patch_state(
@@ -33,6 +33,7 @@ def patch_state(
     layers: Iterable[int] | None = None,
     heads: Any = None,
     metric: Metric = last_logits,
+    max_new_tokens: int = 0,
 ) -> torch.Tensor:
     """How the target's ``metric`` changes when each block continues from the source's state after each of ``positions``.
 
@@ -41,35 +42,38 @@ def patch_state(
     reduces the target's logits ``[1, seq, vocab_size]`` to ``[1, ...]``
     (default: the last position's logits), the results concatenated along
     that first axis as ``knockout``'s are; the logits before ``t`` are the
-    target's own. ``layers`` picks the blocks
-    patched (default: all), ``heads`` the heads of each recurrent state
-    patched (as ``state[:, heads]``; default: all); an attention block's keys
-    and values are patched whole. Source and target need the same tokens up
-    to the last patched position counted (positions count from the target's
-    start); the target has a token after each ``t``.
+    target's own. ``layers`` picks the blocks patched (default: all),
+    ``heads`` the heads of each recurrent state patched (as
+    ``state[:, heads]``; default: all); an attention block's keys and values
+    are patched whole. Positions count from the target's start, and the
+    source needs a token at each. With ``max_new_tokens`` the target goes on
+    greedily for that many tokens (the patched run from its patched cache,
+    the attention blocks reading the source's keys and values on every step)
+    and ``metric`` gets each step's next-token logits, as ``knockout``'s does.
 
     Raises:
-        IndexError: a position with no target token after it, or no source
-            token at it.
+        IndexError: a position with no source token at it, or, without
+            ``max_new_tokens``, no target token after it.
     """
     source_ids, target_ids = token_ids(model, source), token_ids(model, target)
     seq = target_ids.shape[1]
     chosen = [position % seq for position in positions]
-    late = [position for position in chosen if position >= min(seq - 1, source_ids.shape[1])]
+    last = seq if max_new_tokens else seq - 1
+    late = [position for position in chosen if position >= min(last, source_ids.shape[1])]
     if late:
         raise IndexError(
-            f"positions {late}: patching after token t needs a target token after t (the target has {seq}) and a "
-            f"source token at t (the source has {source_ids.shape[1]})"
+            f"positions {late}: patching after token t needs a source token at t (the source has "
+            f"{source_ids.shape[1]}) and, without max_new_tokens, a target token after t (the target has {seq})"
         )
     blocks = mixers(model, layers)
-    clean: list[torch.Tensor] = []
-    with model.trace(target_ids):
-        clean.append(metric(model.logits).float().save())
+    clean = metric_of_run(model, target_ids, metric, max_new_tokens, lambda: None)
     changes = []
     for position in chosen:
         carried = _carried(model, blocks, source_ids, position)
-        patched = _continued(model, blocks, target_ids, position, carried, slice(None) if heads is None else heads)
-        changes.append(metric(patched).float() - clean[0])
+        patched = _continued(
+            model, blocks, target_ids, position, carried, slice(None) if heads is None else heads, max_new_tokens
+        )
+        changes.append(metric(patched).float() - clean)
     return torch.cat(changes).detach()
 
 
@@ -88,9 +92,16 @@ def _carried(model: Any, blocks: list[Mixers], ids: torch.Tensor, position: int)
 
 
 def _continued(
-    model: Any, blocks: list[Mixers], ids: torch.Tensor, position: int, carried: dict[int, Any], heads: Any
+    model: Any,
+    blocks: list[Mixers],
+    ids: torch.Tensor,
+    position: int,
+    carried: dict[int, Any],
+    heads: Any,
+    max_new_tokens: int,
 ) -> torch.Tensor:
-    """The target's logits ``[1, seq, vocab_size]``, its tokens after ``position`` continuing from ``carried``."""
+    """The target's logits ``[1, seq, vocab_size]``, its tokens after ``position`` continuing from ``carried``; with
+    ``max_new_tokens``, the next token's logits at each of that many greedy steps, ``[1, max_new_tokens, vocab_size]``."""
     split = position + 1
     logits: list[torch.Tensor] = []
     with model.trace(ids[:, :split], use_cache=True):
@@ -98,7 +109,8 @@ def _continued(
             mixer = block.recurrent
             if mixer is not None:
                 outputs = mixer.attention_head_outputs
-                own = mixer.state_output
+                # computed from the call's arguments: state_output itself comes after the head outputs are written
+                own = mixer.trajectory(positions=-1)
                 state = own.clone()
                 state[:, heads] = carried[block.layer][0].to(own)[:, heads]
                 # token t reads the state after itself: its output is the patched state's answer
@@ -110,12 +122,15 @@ def _continued(
         cache = nnsight.save(_cache(model, model.output))
     seq = ids.shape[1]
     steps = [slice(split, seq)] if _continues_several_tokens(blocks) else [slice(t, t + 1) for t in range(split, seq)]
+    steps = [step for step in steps if step.start < step.stop]
     # nnsight masks only the tokens it is given; over a cache an attention's mask must cover the cached ones too,
     # while a Mamba's forward masks its input with it and wants the given tokens' only
     attends = any(block.attention is not None for block in mixers(model))
-    for step in steps:
-        mask = {"attention_mask": torch.ones(1, step.stop, dtype=torch.long)} if attends else {}
-        with model.trace(ids[:, step], use_cache=True, **mask, **{_cache_argument(model): cache}):
+    for step in steps + [None] * max(max_new_tokens - 1, 0):
+        tokens = ids[:, step] if step is not None else _next_token(model, logits[-1])
+        seen = sum(part.shape[1] for part in logits) + tokens.shape[1]
+        mask = {"attention_mask": torch.ones(1, seen, dtype=torch.long)} if attends else {}
+        with model.trace(tokens, use_cache=True, **mask, **{_cache_argument(model): cache}):
             for block in blocks:
                 if block.attention is not None:
                     _, keys, values = carried[block.layer]
@@ -125,7 +140,18 @@ def _continued(
                         patched[:, :, :split] = source.to(own)
                         setattr(block.attention, name, patched)
             logits.append(model.logits.save())
-    return torch.cat(logits, dim=1)
+    logits = torch.cat(logits, dim=1)
+    # as generate computes them: the next token's logits at each step
+    return logits[:, seq - 1 :] if max_new_tokens else logits
+
+
+def _next_token(model: Any, logits: torch.Tensor) -> torch.Tensor:
+    """The greedy next token, ``[1, 1]``, never an end of sequence: ``generate`` with ``min_new_tokens`` set."""
+    eos = model._module.generation_config.eos_token_id
+    last = logits[:, -1:].clone()
+    if eos is not None:
+        last[..., torch.as_tensor(eos).reshape(-1)] = float("-inf")
+    return last.argmax(-1)
 
 
 def _continues_several_tokens(blocks: list[Mixers]) -> bool:
