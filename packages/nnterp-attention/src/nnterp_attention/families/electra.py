@@ -7,4 +7,6 @@ from nnterp_attention.families import bert
 MODEL_TYPES = ("electra",)
 ENVOYS = bert.envoys_of(MODELING, "Electra")
 RENAME = bert.RENAME
+#: What the causal LM applies to the last block's output (``nnterp.analysis.lens``): a transform, the unembedding.
+HEAD = ("generator_predictions", "generator_lm_head")
 TINY_CONFIG = bert.TINY_CONFIG

@@ -7,6 +7,8 @@ from nnterp_attention.families import bert
 MODEL_TYPES = ("git",)
 ENVOYS = bert.envoys_of(MODELING, "Git", attention=bert.ClassicBertAttention)
 RENAME = bert.RENAME
+#: What the causal LM applies to the last block's output (``nnterp.analysis.lens``): its unembedding, ``output``.
+HEAD = ("output",)
 TINY_CONFIG = dict(
     bert.TINY_CONFIG,
     vision_config=dict(

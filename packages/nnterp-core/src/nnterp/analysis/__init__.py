@@ -5,9 +5,12 @@
 - :mod:`.knockout`: take a token out of what later tokens read (``knock_out`` in a trace,
   ``knockout`` over positions).
 - :mod:`.patching`: continue a target prompt from a source prompt's state (``patch_state``).
+- :mod:`.lens`: the model's own head on any block's stream (``unembed``, ``logit_lens``), and
+  a vector added to a standard value (``steer``).
 """
 
 from .knockout import knock_out, knockout, last_logits
+from .lens import logit_lens, steer, unembed
 from .mixing import Heads, TokenMixing, mixed, select_heads, selected_mixing
 from .patching import patch_state
 
@@ -17,8 +20,11 @@ __all__ = [
     "knock_out",
     "knockout",
     "last_logits",
+    "logit_lens",
     "mixed",
     "patch_state",
     "select_heads",
     "selected_mixing",
+    "steer",
+    "unembed",
 ]

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..analysis.lens import logit_lens
 from ..descriptor import Unavailable
 from ..order import OrderError
 from ..transformer import StandardizedTransformer
@@ -208,6 +209,35 @@ class LayerSuite(Suite):
         close(logits, plain, what="logits vs the model's own output (after any scaling or soft-capping of the head)")
         close(probs, torch.softmax(logits[:, -1].float(), dim=-1), what="next_token_probs")
         close(probs.sum(-1), torch.ones(1), atol=1e-4, what="next_token_probs row sums")
+
+    def test_logit_lens_of_the_last_block_is_the_logits(self) -> None:
+        """The model's head on the last block's output is the logits: final norm, unembedding, scaling, soft-capping.
+
+        ``nnterp.analysis.lens.logit_lens`` reads what follows the blocks off the
+        model; a head it cannot apply exactly raises ``Unavailable``, and
+        the check is skipped with the reason.
+        """
+        model = self.model
+        # A random model's norms start as the identity, and normalizing a normalized stream again changes nothing:
+        # give every norm weights of its own, so that applying the wrong norm, or a missing one, shows.
+        norms = [m for m in model._module.modules() if "norm" in type(m).__name__.lower()]
+        saved = {p: p.detach().clone() for m in norms for p in m.parameters(recurse=False) if p.is_floating_point()}
+        generator = torch.Generator().manual_seed(0)
+        try:
+            with torch.no_grad():
+                for parameter in saved:
+                    noise = torch.rand(parameter.shape, generator=generator) + 0.5
+                    parameter.mul_(noise.to(parameter)).add_((noise - 1).to(parameter))
+            with model.trace(PROMPT):
+                lens = logit_lens(model, layers=-1).save()
+                logits = model.logits.save()
+        except Unavailable as error:
+            raise unittest.SkipTest(f"the model's head cannot be applied to a stream: {error}") from error
+        finally:
+            with torch.no_grad():
+                for parameter, value in saved.items():
+                    parameter.copy_(value)
+        close(lens, logits.float(), what="logit_lens of the last block vs logits (every norm's weights perturbed)")
 
     def test_a_logits_write_decides_the_generated_token(self) -> None:
         """Logits are where generation samples from: favouring one token there makes greedy decoding pick it.
