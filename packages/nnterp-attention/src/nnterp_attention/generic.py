@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import torch
 
 from nnterp import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, EProperty, Layer, Mlp, TupleLayer
+from nnterp.analysis.lens import called_after_blocks
 from nnterp.layouts import Neurons, Residual
 from nnterp.registry import Unrecognized
 from nnterp.testing.shrink import tiny_overrides
@@ -268,9 +269,11 @@ def model_rename(model: torch.nn.Module, layers_path: str) -> dict[str, str]:
         rename[paths[id(embeddings)]] = "embed_tokens"
     if head is not None and paths[id(head)] != "lm_head":
         rename[paths[id(head)]] = "lm_head"
-    backbone_path = layers_path.rpartition(".")[0]
+    backbone_path, _, blocks = layers_path.rpartition(".")
     backbone = model.get_submodule(backbone_path)
-    norms = [name for name, child in backbone.named_children() if is_norm(child)]
+    # the final norm runs after the blocks: not an embedding norm before them (BART's layernorm_embedding)
+    after = called_after_blocks(type(backbone), blocks)
+    norms = [name for name, child in backbone.named_children() if is_norm(child) and (after is None or name in after)]
     if len(norms) == 1:
         rename[f"{backbone_path}.{norms[0]}" if backbone_path else norms[0]] = "ln_final"
     return {path: alias for path, alias in rename.items() if path != alias}

@@ -93,7 +93,7 @@ def _forward_source(cls: type) -> str | None:
 
 
 @functools.cache
-def _called_after_blocks(cls: type, blocks: str) -> tuple[str, ...] | None:
+def called_after_blocks(cls: type, blocks: str) -> tuple[str, ...] | None:
     """The attributes of ``self`` that ``cls.forward`` calls after its loop over ``self.<blocks>``, in running order.
 
     ``None`` when the forward's source cannot be read or holds no such loop.
@@ -192,7 +192,7 @@ def head(model: Any) -> Head:
         paths = {id(module): path for path, module in root.named_modules()}
         parent_path, _, blocks = paths[id(model.layers._module)].rpartition(".")
         parent = root.get_submodule(parent_path)
-        called = _called_after_blocks(type(parent), blocks)
+        called = called_after_blocks(type(parent), blocks)
         if called is None:
             raise Unavailable(
                 f"unembed on a {types[0]} model: {type(parent).__name__}.forward, which runs its blocks, has no "
@@ -404,6 +404,7 @@ __all__ = [
     "HEAD_UNAVAILABLE",
     "Head",
     "HeadTransform",
+    "called_after_blocks",
     "head",
     "head_transforms",
     "logit_lens",

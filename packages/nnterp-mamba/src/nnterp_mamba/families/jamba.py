@@ -28,6 +28,7 @@ RENAME = {
     "mamba": "linear_attn",
     "feed_forward": "mlp",
     "pre_ff_layernorm": "post_attention_layernorm",
+    "model.final_layernorm": "ln_final",
 }
 # Four blocks cover every kind: mixer + MLP (0, 2), attention + experts (1), mixer + experts (3).
 TINY_CONFIG = dict(
