@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from nnterp import EProperty, Unavailable, unavailable
+from nnterp.analysis.mixing import TokenMixing
 from nnterp.components.call_order import RETURNED_TOGETHER
 from nnterp.components.kernels import ENTERING_STATE, KernelCall, argument, kernel, needs_torch_kernels
 from nnterp.components.per_token import ChunkBoundaries
@@ -18,6 +19,7 @@ from nnterp.layouts import Gates, SSDHeadOutputs, SSDKeys, SSDQueries, SSDState,
 from nnterp.order import standard_path
 from nnterp.positions import Positions
 
+from .mixing import ssd_mixing, ssd_readout
 from .trajectory import ssd_states
 
 NO_STATE_OCCURRENCES = (
@@ -166,6 +168,10 @@ class StateSpace(RecurrentMixer):
         if attribute == "state" and not self._returns_state():
             return f"{self.kernel_body(cls.PROMPT.label)}.{cls.FINAL_STATE}.output"
         return f"source.{cls.PROMPT.label}.output"
+
+    def _seq(self, args: tuple, kwargs: dict) -> int:
+        """The call's length: the scan's x is [batch, seq, heads, head_dim]; the update takes one token."""
+        return 1 if self.decoding() else self.argument("hidden_states", (args, kwargs)).shape[1]
 
     def _returns_state(self) -> bool:
         """Whether the prompt's scan returns its final state (it does when the model runs with a cache)."""
@@ -353,15 +359,20 @@ class StateSpace(RecurrentMixer):
     states = RecurrentMixer.states.laid_out(SSDStates)
     state_trajectory = RecurrentMixer.state_trajectory.laid_out(SSDStates)
 
-    def states_from_arguments(self, positions: Positions, dtype: torch.dtype | None) -> SSDStates:
-        """The scan's states after ``positions`` of this call (``ssd_states``), whatever the mixer's chunk size; dtype x's.
+    def _scan_argument(self, name: str) -> torch.Tensor:
+        """The kernel's tokens-first argument ``name`` in the chunk scan's layout, on a decode step too.
 
         The update's tensors have no sequence axis, and its dt is repeated over head_dim.
         """
+        value = self.argument(name)
+        if not self.decoding():
+            return value
+        return self._tokens(value[..., 0] if name == "dt" else value)
+
+    def states_from_arguments(self, positions: Positions, dtype: torch.dtype | None) -> SSDStates:
+        """The scan's states after ``positions`` of this call (``ssd_states``), whatever the mixer's chunk size; dtype x's."""
         dt_bias, A, dt_limit = self._gate_inputs()
-        x, dt, B = (self.argument(name) for name in ("hidden_states", "dt", "B"))
-        if self.decoding():
-            x, dt, B = self._tokens(x), self._tokens(dt[..., 0]), self._tokens(B)
+        x, dt, B = (self._scan_argument(name) for name in ("hidden_states", "dt", "B"))
         return ssd_states(
             x,
             dt,
@@ -374,6 +385,40 @@ class StateSpace(RecurrentMixer):
             dt_limit=dt_limit,
             dtype=dtype,
         )
+
+    def mixing_from_arguments(self, rows: torch.Tensor, heads: torch.Tensor) -> TokenMixing:
+        """The SSD matrix of this call at ``rows`` and ``heads`` and the rest of y (``ssd_mixing``), float32.
+
+        The offset holds the readout of the entering state (the cached one on a decode step) and
+        the D skip, both of which ``attention_head_outputs`` includes; a decode step's matrix is
+        1x1.
+        """
+        dt_bias, A, dt_limit = self._gate_inputs()
+        x, dt, B, C = (self._scan_argument(name) for name in ("hidden_states", "dt", "B", "C"))
+        return ssd_mixing(
+            x,
+            dt,
+            A,
+            B,
+            C,
+            rows,
+            heads,
+            D=self._skip(),
+            initial_state=self.entering_state(),
+            dt_bias=dt_bias,
+            softplus=bool(self.argument("dt_softplus")),
+            dt_limit=dt_limit,
+        )
+
+    def readout_from_arguments(self, state: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``C_t^T h + D x_t`` at ``rows`` with ``state`` as ``h`` (``ssd_readout``), float32."""
+        x, C = (self._scan_argument(name) for name in ("hidden_states", "C"))
+        return ssd_readout(x, C, self._skip(), state, rows)
+
+    def _skip(self) -> torch.Tensor | None:
+        """D per head, as the kernel adds D x (the update's is repeated over head_dim); ``None`` without a skip."""
+        D = self.argument("D")
+        return D[..., 0] if D is not None and self.decoding() else D
 
     def state_after(self, t: int) -> SSDState:
         """The state after token ``t`` of this call, [batch, mixer_heads, state_dim, head_dim]: ``states[:, t]``."""

@@ -69,6 +69,21 @@ def ssd_states(
     ).states(positions)
 
 
+def step_sizes(
+    dt: Tensor, dt_bias: Tensor | None, softplus: bool, dt_limit: tuple[float, float] = (0.0, float("inf"))
+) -> Tensor:
+    """The step size the scan computes from its raw ``dt`` argument, float32, in ``dt``'s layout (``[batch, seq, heads]``).
+
+    ``dt_bias`` is added, the softplus applied and the result clamped to ``dt_limit`` in ``dt``'s own
+    dtype, as the scan does, and only then cast: in bfloat16 the step is the kernel's rounded one.
+    """
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dt.dtype)
+    if softplus:
+        dt = F.softplus(dt)
+    return torch.clamp(dt, min=dt_limit[0], max=dt_limit[1]).float()
+
+
 class _SSDScan(ChunkedRecurrence):
     """One Mamba-2 scan call as a chunked recurrence: its state ``[batch, heads, state_dim, head_dim]``."""
 
@@ -99,12 +114,7 @@ class _SSDScan(ChunkedRecurrence):
 
     def lay_out(self, end: int) -> None:
         """Log decays, writes ``dt x`` and keys ``B`` by chunk, and each chunk's end state from a zero start."""
-        dt = self.dt[:, :end]
-        if self.dt_bias is not None:
-            dt = dt + self.dt_bias.to(dt.dtype)
-        if self.softplus:
-            dt = F.softplus(dt)
-        step = torch.clamp(dt, min=self.dt_limit[0], max=self.dt_limit[1]).float()
+        step = step_sizes(self.dt[:, :end], self.dt_bias, self.softplus, self.dt_limit)
         written = (self.hidden_states[:, :end].float() * step.unsqueeze(-1)).transpose(1, 2)
         log_decay = (self.A.float() * step).transpose(1, 2)
         # [batch, heads, chunks, chunk, head_dim], [batch, heads, chunks, chunk], and B as
