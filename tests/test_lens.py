@@ -56,7 +56,7 @@ def test_unembed_outside_a_trace_is_the_lens(llama) -> None:
 
 
 def test_logit_lens_refuses_layers_outside_the_model(llama) -> None:
-    with pytest.raises(IndexError, match="layers=5 reaches outside the model's 2 layers"):
+    with pytest.raises(IndexError, match="layers=5 reaches outside the model's 2 blocks"):
         with llama.trace(PROMPT):
             logit_lens(llama, layers=5).save()
 

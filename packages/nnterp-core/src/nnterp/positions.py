@@ -33,20 +33,32 @@ def select_positions(positions: Positions, seq_len: int) -> tuple[Tensor, Tensor
     (and repeats) asked for, ``None`` when they already are in it, and whether one int was asked
     for, which drops the axis.
     """
-    if positions is None:
-        return torch.arange(seq_len), None, False
+    return select_indices(positions, seq_len, "positions", f"this call's {seq_len} tokens", "its sequence axis")
+
+
+def select_indices(
+    selection: Positions, count: int, name: str, among: str, axis: str
+) -> tuple[Tensor, Tensor | None, bool]:
+    """``select_positions`` for any axis of ``count`` entries: the distinct indices picked, sorted, the index back to
+    the order asked (``None`` when already in it), and whether one int was asked for.
+
+    ``name``, ``among`` and ``axis`` word the error: ``heads=[9] reaches outside the mixer's 4 heads: heads index its
+    heads axis, ...``.
+    """
+    if selection is None:
+        return torch.arange(count), None, False
     try:
-        if isinstance(positions, slice):
-            chosen = range(seq_len)[positions]
+        if isinstance(selection, slice):
+            chosen = range(count)[selection]
             wanted = torch.arange(chosen.start, chosen.stop, chosen.step)
         else:
-            if isinstance(positions, Tensor):
-                positions = positions.cpu()
-            wanted = torch.arange(seq_len)[positions]
+            if isinstance(selection, Tensor):
+                selection = selection.cpu()
+            wanted = torch.arange(count)[selection]
     except IndexError as error:
         raise IndexError(
-            f"positions={positions!r} reaches outside this call's {seq_len} tokens: positions index its sequence "
-            f"axis, from 0 to {seq_len - 1}, or from -{seq_len} counting back from the last token"
+            f"{name}={selection!r} reaches outside {among}: {name} index {axis}, from 0 to {count - 1}, or from "
+            f"-{count} counting back from the last"
         ) from error
     single = wanted.dim() == 0
     wanted = wanted.reshape(-1)

@@ -192,35 +192,23 @@ class LinearAttention(RecurrentMixer):
 
     # -- the state after every token, from the call's arguments ------------------------
 
+    def _delta_rule_arguments(self) -> tuple[torch.Tensor | None, ...]:
+        """The call's query, key, value, g, beta and the state it started from: what the delta rule's math takes."""
+        return (*(self.argument(name) for name in ("query", "key", "value", "g", "beta")), self.entering_state())
+
+    def _l2_norms(self) -> bool:
+        """Whether the kernel l2-normalizes the queries and keys (``use_qk_l2norm_in_kernel``)."""
+        return bool(self.argument("use_qk_l2norm_in_kernel"))
+
     def states_from_arguments(self, positions: Positions, dtype: torch.dtype | None) -> States:
         """The delta rule's states after ``positions`` of this call (``delta_rule_states``); dtype the queries'."""
-        query, key, value, g, beta = (self.argument(name) for name in ("query", "key", "value", "g", "beta"))
         return delta_rule_states(
-            query,
-            key,
-            value,
-            g,
-            beta,
-            self.entering_state(),
-            positions=positions,
-            use_qk_l2norm=bool(self.argument("use_qk_l2norm_in_kernel")),
-            dtype=dtype,
+            *self._delta_rule_arguments(), positions=positions, use_qk_l2norm=self._l2_norms(), dtype=dtype
         )
 
     def mixing_from_arguments(self, rows: torch.Tensor, heads: torch.Tensor) -> TokenMixing:
         """The delta rule's token mixing at ``rows`` and ``heads`` of this call (``delta_rule_mixing``)."""
-        query, key, value, g, beta = (self.argument(name) for name in ("query", "key", "value", "g", "beta"))
-        return delta_rule_mixing(
-            query,
-            key,
-            value,
-            g,
-            beta,
-            self.entering_state(),
-            rows,
-            heads,
-            use_qk_l2norm=bool(self.argument("use_qk_l2norm_in_kernel")),
-        )
+        return delta_rule_mixing(*self._delta_rule_arguments(), rows, heads, use_qk_l2norm=self._l2_norms())
 
     def readout_from_arguments(self, state: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The scaled queries at ``rows`` reading ``state`` (``delta_rule_readout``)."""
@@ -228,7 +216,7 @@ class LinearAttention(RecurrentMixer):
             self.argument("query"),
             state,
             rows,
-            use_qk_l2norm=bool(self.argument("use_qk_l2norm_in_kernel")),
+            use_qk_l2norm=self._l2_norms(),
         )
 
 

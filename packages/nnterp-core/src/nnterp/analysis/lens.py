@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..components.standard import axis_size
 from ..descriptor import DerivedEProperty, EProperty, Unavailable
-from ..positions import Positions
+from ..positions import Positions, select_indices
 
 
 @dataclass(frozen=True)
@@ -292,20 +292,6 @@ def unembed(model: Any, hidden: Tensor) -> Tensor:
     return stream
 
 
-def _select_layers(layers: Positions, count: int) -> tuple[Tensor, Tensor, bool]:
-    """The distinct blocks ``layers`` picks, in forward order; the index back to the order asked; one int asked."""
-    try:
-        wanted = torch.arange(count) if layers is None else torch.arange(count)[layers]
-    except IndexError as error:
-        raise IndexError(
-            f"layers={layers!r} reaches outside the model's {count} layers: layers index its blocks, from 0 to "
-            f"{count - 1}, or from -{count} counting back"
-        ) from error
-    single = wanted.dim() == 0
-    needed, order = torch.unique(wanted.reshape(-1), sorted=True, return_inverse=True)
-    return needed, order, single
-
-
 def logit_lens(model: Any, layers: Positions = None, positions: Positions = None) -> Tensor:
     """The logit lens: the model's head applied to chosen blocks' outputs at chosen positions, in float32.
 
@@ -334,7 +320,8 @@ def logit_lens(model: Any, layers: Positions = None, positions: Positions = None
         nnterp.OrderError: a block's output was already passed in this trace
             (read earlier values first).
     """
-    needed, order, single = _select_layers(layers, len(model.layers))
+    count = len(model.layers)
+    needed, order, single = select_indices(layers, count, "layers", f"the model's {count} blocks", "its blocks")
     head(model)  # an unavailable head raises before any value is waited for
     where = slice(None) if positions is None else positions
     outputs = [model.layers[int(i)].layer_output[:, where] for i in needed]
@@ -344,7 +331,7 @@ def logit_lens(model: Any, layers: Positions = None, positions: Positions = None
         if lens is None:  # filled block by block: one block's logits in the head's dtype at a time beside the result
             lens = logits.new_empty((len(outputs), *logits.shape), dtype=torch.float32)
         lens[k] = logits
-    if not torch.equal(order, torch.arange(len(needed))):
+    if order is not None:
         lens = lens[order.to(lens.device)]
     return lens[0] if single else lens
 

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..positions import Positions, select_positions
+from ..positions import Positions, select_indices, select_positions
 
 #: What a ``heads=`` argument may be: one head, a slice, a list, or an index tensor.
 Heads = int | slice | list[int] | tuple[int, ...] | Tensor | None
@@ -49,14 +49,8 @@ def select_heads(heads: Heads, count: int) -> tuple[Tensor, bool]:
 
     ``heads`` indexes the heads axis as ``tensor[:, heads]`` would.
     """
-    try:
-        chosen = torch.arange(count) if heads is None else torch.arange(count)[heads]
-    except IndexError as error:
-        raise IndexError(
-            f"heads={heads!r} reaches outside the mixer's {count} heads: heads index its heads axis, from 0 to "
-            f"{count - 1}, or from -{count} counting back"
-        ) from error
-    return chosen.reshape(-1), chosen.dim() == 0
+    needed, order, single = select_indices(heads, count, "heads", f"the mixer's {count} heads", "its heads axis")
+    return (needed if order is None else needed[order]), single
 
 
 def selected_mixing(matrix: Tensor, positions: Positions, heads: Heads) -> Tensor:
