@@ -8,7 +8,8 @@ transformers' default kernels. Interleaved per length, so machine noise hits the
 - rows64: a trace reading ``token_mixing(positions=slice(-64, None))`` on both mixers, at the
   last length (the target: at most 1.3x plain at 4096 tokens);
 - full: a trace reading the whole ``token_mixing()`` on both mixers, at the first length (the
-  target: at most 3x plain at 1024 tokens);
+  target: at most 3x plain at 1024 tokens); on Mamba-1 for 64 of its 1536 channels, whose whole
+  matrix at 1024 tokens would be 6 GiB per mixer;
 - knockout: ``nnterp.analysis.knockout`` of 64 positions of a ``--knockout-length`` prompt,
   ``--batch`` rows per forward, against one plain forward of that prompt (the naive bound is
   64 forwards and the target at most 64x).
@@ -23,11 +24,13 @@ import sys
 
 import harness
 import torch
-from trajectory import FAMILIES, Family, mixers
+from trajectory import FAMILIES, mixers
 
 from nnterp.analysis import knockout
 
 KNOCKED = 64
+#: The heads (Mamba-1: channels) the whole matrix is read for.
+FULL_HEADS = {"mamba": slice(0, 64)}
 
 
 def options() -> argparse.Namespace:
@@ -44,13 +47,13 @@ def options() -> argparse.Namespace:
     return parsed
 
 
-def mixing(model, ids: dict[int, torch.Tensor], positions=None) -> harness.Run:
-    """A trace reading ``token_mixing(positions=positions)`` on every mixer."""
+def mixing(model, ids: dict[int, torch.Tensor], positions=None, heads=None) -> harness.Run:
+    """A trace reading ``token_mixing(positions=positions, heads=heads)`` on every mixer."""
 
     def run(n: int) -> None:
         with torch.no_grad(), model.trace(ids[n]):
             for mixer in mixers(model):
-                mixer.token_mixing(positions=positions).save()
+                mixer.token_mixing(positions=positions, heads=heads).save()
 
     return run
 
@@ -65,13 +68,15 @@ def knocking(model, ids: dict[int, torch.Tensor], batch: int) -> harness.Run:
     return run
 
 
-def measure(family: Family, parsed: argparse.Namespace) -> dict[tuple[str, int], float]:
+def measure(name: str, parsed: argparse.Namespace) -> dict[tuple[str, int], float]:
+    family = FAMILIES[name]
     full, rows64 = parsed.lengths
     ids = harness.token_ids([full, rows64, parsed.knockout_length], family.config["vocab_size"])
     plain, traced = harness.twins(family.model_type, family.config, **family.load)
     model = harness.standardized(traced)
     forward = harness.forward(plain, ids)
-    times = harness.medians({"plain": forward, "full": mixing(model, ids)}, [full], parsed.repeats)
+    whole = mixing(model, ids, heads=FULL_HEADS.get(name))
+    times = harness.medians({"plain": forward, "full": whole}, [full], parsed.repeats)
     times |= harness.medians(
         {"plain": forward, "rows64": mixing(model, ids, slice(-64, None))}, [rows64], parsed.repeats
     )
@@ -81,14 +86,15 @@ def measure(family: Family, parsed: argparse.Namespace) -> dict[tuple[str, int],
     return times
 
 
-def report(family: Family, times: dict[tuple[str, int], float], batch: int) -> None:
+def report(name: str, times: dict[tuple[str, int], float], batch: int) -> None:
+    family = FAMILIES[name]
     print(f"{family.title}; {torch.get_num_threads()} thread(s), median seconds")
     for (name, n), seconds in times.items():
         if name == "plain":
             continue
         plain = times["plain", n]
         label = {
-            "full": "token_mixing() whole",
+            "full": "token_mixing() whole" + (" (64 channels)" if name in FULL_HEADS else ""),
             "rows64": "token_mixing(positions=-64:)",
             "knockout": f"knockout of {KNOCKED} positions, {batch} per forward",
         }[name]
@@ -98,7 +104,7 @@ def report(family: Family, times: dict[tuple[str, int], float], batch: int) -> N
 def main() -> None:
     parsed = options()
     for name in parsed.families:
-        report(FAMILIES[name], measure(FAMILIES[name], parsed), parsed.batch)
+        report(name, measure(name, parsed), parsed.batch)
         sys.stdout.flush()
 
 

@@ -48,6 +48,24 @@ def test_knockout_leaves_every_earlier_token_and_changes_the_knocked_ones(model)
         assert change[position + 1 :].abs().max() > 1e-6, f"knocking out {position} changed no later token"
 
 
+def test_a_batch_of_prompts_or_positions_outside_the_prompt_raise_before_the_model_runs():
+    model = tiny_standardized("llama")
+    calls: list = []
+    hook = model._module.get_input_embeddings().register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(TypeError, match="one row of token ids"):
+            knockout(model, ["Hello", "world"], [0])
+        with pytest.raises(TypeError, match="one row of token ids"):
+            patch_state(model, PROMPT, torch.zeros(2, 5, dtype=torch.long), [0])
+        with pytest.raises(IndexError, match=r"positions \[40\] are outside the prompt's 18 tokens"):
+            knockout(model, PROMPT, [40])
+        with pytest.raises(IndexError, match=r"positions \[17\]: patching after token t needs"):
+            patch_state(model, PROMPT, PROMPT, [17])
+    finally:
+        hook.remove()
+    assert not calls, "the model ran before the bad input was refused"
+
+
 def test_knockout_batches_as_it_runs_one_at_a_time(model):
     positions = [1, 3, 4]
     together = knockout(model, PROMPT, positions, batch_size=3)

@@ -49,8 +49,22 @@ def _checked(layers: Iterable[int], count: int) -> list[int]:
 
 
 def token_ids(model: Any, prompt: str | torch.Tensor) -> torch.Tensor:
-    """``prompt`` as one row of token ids, ``[1, seq]``: tokenized by the model's tokenizer, or ids as given."""
+    """``prompt`` as one row of token ids, ``[1, seq]``: tokenized by the model's tokenizer, or ids as given.
+
+    Raises:
+        TypeError: ``prompt`` is neither a string nor one row of integer ids (an analysis runs one prompt,
+            repeated as it needs).
+    """
     if isinstance(prompt, str):
         return model.tokenizer(prompt, return_tensors="pt").input_ids
-    ids = torch.as_tensor(prompt)
-    return ids.unsqueeze(0) if ids.dim() == 1 else ids
+    try:
+        ids = torch.as_tensor(prompt)
+    except (TypeError, ValueError):  # strings in a list, and anything else that is not a tensor of numbers
+        ids = None
+    if ids is None or ids.is_floating_point() or not (ids.dim() == 1 or (ids.dim() == 2 and ids.shape[0] == 1)):
+        raise TypeError(
+            f"the prompt must be a string or one row of token ids ([seq] or [1, seq]), not {type(prompt).__name__}"
+            + (f" of shape {tuple(ids.shape)}" if ids is not None else "")
+            + "; an analysis runs one prompt: loop over prompts, or pass one"
+        )
+    return ids.reshape(1, -1)
