@@ -89,15 +89,15 @@ def measure(name: str, parsed: argparse.Namespace) -> dict[tuple[str, int], floa
 def report(name: str, times: dict[tuple[str, int], float], batch: int) -> None:
     family = FAMILIES[name]
     print(f"{family.title}; {torch.get_num_threads()} thread(s), median seconds")
-    for (name, n), seconds in times.items():
-        if name == "plain":
+    for (run, n), seconds in times.items():
+        if run == "plain":
             continue
         plain = times["plain", n]
         label = {
             "full": "token_mixing() whole" + (" (64 channels)" if name in FULL_HEADS else ""),
             "rows64": "token_mixing(positions=-64:)",
             "knockout": f"knockout of {KNOCKED} positions, {batch} per forward",
-        }[name]
+        }[run]
         print(f"  {n:>5} tokens: plain {plain:7.3f}; {label} {seconds:8.3f} ({seconds / plain:6.2f}x plain)")
 
 
