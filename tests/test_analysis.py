@@ -57,8 +57,10 @@ def test_a_batch_of_prompts_or_positions_outside_the_prompt_raise_before_the_mod
             knockout(model, ["Hello", "world"], [0])
         with pytest.raises(TypeError, match="one row of token ids"):
             patch_state(model, PROMPT, torch.zeros(2, 5, dtype=torch.long), [0])
-        with pytest.raises(IndexError, match=r"positions \[40\] are outside the prompt's 18 tokens"):
+        with pytest.raises(IndexError, match=r"positions \[40\] are outside the 18 tokens of the prompt"):
             knockout(model, PROMPT, [40])
+        with pytest.raises(IndexError, match=r"layers \[7\] are outside the 2 blocks"):
+            knockout(model, PROMPT, [1], layers=[7])
         with pytest.raises(IndexError, match=r"positions \[17\]: patching after token t needs"):
             patch_state(model, PROMPT, PROMPT, [17])
     finally:

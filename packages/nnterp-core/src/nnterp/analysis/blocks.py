@@ -30,7 +30,11 @@ def mixers(model: Any, layers: Iterable[int] | None = None) -> list[Mixers]:
         IndexError: a layer outside ``model.layers``.
     """
     count = len(model.layers)
-    chosen = range(count) if layers is None else sorted({layer % count for layer in _checked(layers, count)})
+    chosen = (
+        range(count)
+        if layers is None
+        else sorted({layer % count for layer in within(layers, count, "layers", "blocks")})
+    )
     found = []
     for layer in chosen:
         block = model.layers[layer]
@@ -40,12 +44,17 @@ def mixers(model: Any, layers: Iterable[int] | None = None) -> list[Mixers]:
     return found
 
 
-def _checked(layers: Iterable[int], count: int) -> list[int]:
-    layers = list(layers)
-    outside = [layer for layer in layers if not -count <= layer < count]
+def within(indices: Iterable[int], count: int, name: str, unit: str) -> list[int]:
+    """``indices`` as a list, each checked to index one of ``count`` ``unit`` (negative ones counting back).
+
+    Raises:
+        IndexError: naming the ``name`` outside, and the range.
+    """
+    indices = list(indices)
+    outside = [index for index in indices if not -count <= index < count]
     if outside:
-        raise IndexError(f"layers {outside} are outside the model's {count} blocks (0 to {count - 1}, or negative)")
-    return layers
+        raise IndexError(f"{name} {outside} are outside the {count} {unit} (0 to {count - 1}, or negative)")
+    return indices
 
 
 def token_ids(model: Any, prompt: str | torch.Tensor) -> torch.Tensor:

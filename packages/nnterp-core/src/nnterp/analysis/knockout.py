@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .blocks import mixers, token_ids
+from .blocks import mixers, token_ids, within
 
 #: What ``knockout`` compares by default: the logits at the last position, ``[rows, vocab_size]``.
 Metric = Callable[[torch.Tensor], torch.Tensor]
@@ -101,8 +101,8 @@ def knockout(
     """
     ids = token_ids(model, prompt)
     seq = ids.shape[1]
-    knocked = [position % seq for position in _checked_positions(positions, seq)]
-    layers = None if layers is None else list(layers)
+    knocked = [position % seq for position in within(positions, seq, "positions", "tokens of the prompt")]
+    layers = None if layers is None else [block.layer for block in mixers(model, layers)]
     clean = metric_of_run(model, ids, metric, max_new_tokens, lambda: None)
     changes = []
     for start in range(0, len(knocked), batch_size):
@@ -135,11 +135,3 @@ def metric_of_run(
             intervene()
             read.append(model.logits[:, -1:].save())
     return metric(torch.cat(read, dim=1)).float()
-
-
-def _checked_positions(positions: Iterable[int], seq: int) -> list[int]:
-    positions = list(positions)
-    outside = [position for position in positions if not -seq <= position < seq]
-    if outside:
-        raise IndexError(f"positions {outside} are outside the prompt's {seq} tokens (0 to {seq - 1}, or negative)")
-    return positions
