@@ -63,6 +63,8 @@ def test_a_batch_of_prompts_or_positions_outside_the_prompt_raise_before_the_mod
             knockout(model, PROMPT, [1], layers=[7])
         with pytest.raises(IndexError, match=r"positions \[17\]: patching after token t needs"):
             patch_state(model, PROMPT, PROMPT, [17])
+        with pytest.raises(IndexError, match=r"positions \[40\] are outside the 18 tokens of the target"):
+            patch_state(model, PROMPT, PROMPT, [40])
     finally:
         hook.remove()
     assert not calls, "the model ran before the bad input was refused"

@@ -2,11 +2,14 @@
 
 Everything a recurrent mixer carries past token ``t`` is its state after ``t``; an attention
 block's is its keys and values up to ``t``. ``patch_state`` puts the source's in their place in
-the target's run and lets the target continue: the target's tokens up to ``t`` run as they are,
-with the cache; the state they leave is replaced, as the cache receives it (``state_output``),
-by the source's state after ``t`` (``trajectory(positions=t)``, computed from the source's
-kernel calls, so no routing is needed); and the target's later tokens run over that cache, the
-attention blocks reading the source's keys and values for tokens up to ``t``. A family whose
+the target's run and lets the target continue. The target's tokens up to ``t`` run with the
+cache; the state they leave is replaced, as the cache receives it (``state_output``), by the
+source's state after ``t`` (``trajectory(positions=t)``, computed from the source's kernel calls,
+so no routing is needed); and the target's later tokens run over that cache, the attention blocks
+reading the source's keys and values for tokens up to ``t``. Token ``t`` itself reads the state
+after it, so its output in each patched recurrent mixer is the patched state's answer to its
+query (``read_state``), as with ``set_state_after(t, ...)`` in one run; in an attention block it
+is the target's own, the source's keys and values reaching the later tokens. A family whose
 prompt kernel cannot start from a cached state (Mamba-1's scan starts from zeros) continues one
 token at a time, as ``generate`` does.
 """
@@ -21,7 +24,7 @@ import nnsight
 import torch
 
 from ..components.kernels import CACHE_ARGUMENTS
-from .blocks import Mixers, mixers, token_ids
+from .blocks import Mixers, mixers, token_ids, within
 from .knockout import Metric, last_logits, metric_of_run
 
 
@@ -57,7 +60,7 @@ def patch_state(
     """
     source_ids, target_ids = token_ids(model, source), token_ids(model, target)
     seq = target_ids.shape[1]
-    chosen = [position % seq for position in positions]
+    chosen = [position % seq for position in within(positions, seq, "positions", "tokens of the target")]
     last = seq if max_new_tokens else seq - 1
     late = [position for position in chosen if position >= min(last, source_ids.shape[1])]
     if late:
