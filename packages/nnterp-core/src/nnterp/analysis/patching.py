@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import nnsight
 import torch
@@ -68,44 +68,54 @@ def patch_state(
             f"positions {late}: patching after token t needs a source token at t (the source has "
             f"{source_ids.shape[1]}) and, without max_new_tokens, a target token after t (the target has {seq})"
         )
-    blocks = mixers(model, layers)
+    blocks, every = mixers(model, layers), mixers(model)
     clean = metric_of_run(model, target_ids, metric, max_new_tokens, lambda: None)
     changes = []
     for position in chosen:
         carried = _carried(model, blocks, source_ids, position)
-        patched = _continued(
-            model, blocks, target_ids, position, carried, slice(None) if heads is None else heads, max_new_tokens
-        )
+        index = slice(None) if heads is None else heads
+        patched = _continued(model, blocks, every, target_ids, position, carried, index, max_new_tokens)
         changes.append(metric(patched).float() - clean)
     return torch.cat(changes).detach()
 
 
-def _carried(model: Any, blocks: list[Mixers], ids: torch.Tensor, position: int) -> dict[int, Any]:
-    """What each block carries past ``position`` on ``ids``: its recurrent state, and its attention's keys and values."""
-    carried: dict[int, Any] = {}
+class Carried(NamedTuple):
+    """What one block carries past a token: its recurrent state, its attention's keys and values (``None`` without)."""
+
+    state: torch.Tensor | None
+    keys: torch.Tensor | None
+    values: torch.Tensor | None
+
+
+def _carried(model: Any, blocks: list[Mixers], ids: torch.Tensor, position: int) -> dict[int, Carried]:
+    """What each block carries past ``position`` on ``ids``."""
+    carried: dict[int, Carried] = {}
     with model.trace(ids[:, : position + 1]):
         for block in blocks:
-            if block.recurrent is not None:
-                carried[block.layer] = [block.recurrent.trajectory(positions=-1).save()]
+            state = None if block.recurrent is None else block.recurrent.trajectory(positions=-1).save()
+            keys = values = None
             if block.attention is not None:
                 keys = block.attention.attention_keys.save()
                 values = block.attention.attention_values.save()
-                carried.setdefault(block.layer, [None]).extend((keys, values))
-    return {layer: (pieces + [None, None])[:3] for layer, pieces in carried.items()}
+            carried[block.layer] = Carried(state, keys, values)
+    return carried
 
 
 def _continued(
     model: Any,
     blocks: list[Mixers],
+    every: list[Mixers],
     ids: torch.Tensor,
     position: int,
-    carried: dict[int, Any],
+    carried: dict[int, Carried],
     heads: Any,
     max_new_tokens: int,
 ) -> torch.Tensor:
-    """The target's logits ``[1, seq, vocab_size]``, its tokens after ``position`` continuing from ``carried``; with
-    ``max_new_tokens``, the next token's logits at each of that many greedy steps, ``[1, max_new_tokens, vocab_size]``."""
+    """The target's logits ``[1, seq, vocab_size]``, its tokens after ``position`` continuing from ``carried`` in
+    ``blocks`` (``every`` holds all the model's blocks); with ``max_new_tokens``, the next token's logits at each of
+    that many greedy steps, ``[1, max_new_tokens, vocab_size]``."""
     split = position + 1
+    name = _cache_argument(model)
     logits: list[torch.Tensor] = []
     with model.trace(ids[:, :split], use_cache=True):
         for block in blocks:
@@ -115,33 +125,34 @@ def _continued(
                 # computed from the call's arguments: state_output itself comes after the head outputs are written
                 own = mixer.trajectory(positions=-1)
                 state = own.clone()
-                state[:, heads] = carried[block.layer][0].to(own)[:, heads]
+                state[:, heads] = carried[block.layer].state.to(own)[:, heads]
                 # token t reads the state after itself: its output is the patched state's answer
                 answered = outputs.clone()
                 answered[:, -1] = mixer.read_state(state, positions=-1).to(outputs)
                 mixer.attention_head_outputs = answered
                 mixer.state_output = state
         logits.append(model.logits.save())
-        cache = nnsight.save(_cache(model, model.output))
+        cache = nnsight.save(_cache(name, model.output))
     seq = ids.shape[1]
-    steps = [slice(split, seq)] if _continues_several_tokens(blocks) else [slice(t, t + 1) for t in range(split, seq)]
+    # every mixer of the model runs the continuation, patched or not
+    steps = [slice(split, seq)] if _continues_several_tokens(every) else [slice(t, t + 1) for t in range(split, seq)]
     steps = [step for step in steps if step.start < step.stop]
     # nnsight masks only the tokens it is given; over a cache an attention's mask must cover the cached ones too,
     # while a Mamba's forward masks its input with it and wants the given tokens' only
-    attends = any(block.attention is not None for block in mixers(model))
+    attends = any(block.attention is not None for block in every)
     for step in steps + [None] * max(max_new_tokens - 1, 0):
         tokens = ids[:, step] if step is not None else _next_token(model, logits[-1])
         seen = sum(part.shape[1] for part in logits) + tokens.shape[1]
         mask = {"attention_mask": torch.ones(1, seen, dtype=torch.long)} if attends else {}
-        with model.trace(tokens, use_cache=True, **mask, **{_cache_argument(model): cache}):
+        with model.trace(tokens, use_cache=True, **mask, **{name: cache}):
             for block in blocks:
                 if block.attention is not None:
-                    _, keys, values = carried[block.layer]
-                    for name, source in (("attention_keys", keys), ("attention_values", values)):
-                        own = getattr(block.attention, name)
+                    source = carried[block.layer]
+                    for value, patch in (("attention_keys", source.keys), ("attention_values", source.values)):
+                        own = getattr(block.attention, value)
                         patched = own.clone()
-                        patched[:, :, :split] = source.to(own)
-                        setattr(block.attention, name, patched)
+                        patched[:, :, :split] = patch.to(own)
+                        setattr(block.attention, value, patched)
             logits.append(model.logits.save())
     logits = torch.cat(logits, dim=1)
     # as generate computes them: the next token's logits at each step
@@ -158,15 +169,16 @@ def _next_token(model: Any, logits: torch.Tensor) -> torch.Tensor:
 
 
 def _continues_several_tokens(blocks: list[Mixers]) -> bool:
-    """Whether every chosen recurrent mixer's prompt kernel starts from the cached state (Mamba-1's does not)."""
+    """Whether every recurrent mixer of ``blocks`` has a prompt kernel that starts from the cached state (Mamba-1's
+    does not)."""
     return all(block.recurrent is None or type(block.recurrent).PROMPT.entering_state is not None for block in blocks)
 
 
-def _cache(model: Any, output: Any) -> Any:
-    """The cache a forward returned, under the name the model's forward takes it by (older names warn on 5.23+)."""
-    first = _cache_argument(model)
-    names = (first, *(name for name in CACHE_ARGUMENTS if name != first))
-    return next(getattr(output, name) for name in names if getattr(output, name, None) is not None)
+def _cache(name: str, output: Any) -> Any:
+    """The cache a forward returned: under ``name``, the name the model's forward takes it by (older names warn on
+    5.23+), or another of ``CACHE_ARGUMENTS``."""
+    names = (name, *(other for other in CACHE_ARGUMENTS if other != name))
+    return next(getattr(output, other) for other in names if getattr(output, other, None) is not None)
 
 
 def _cache_argument(model: Any) -> str:
