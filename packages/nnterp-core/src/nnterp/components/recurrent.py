@@ -459,11 +459,7 @@ class RecurrentMixer(CallOrder, Sublayer):
         is the head output at ``t`` itself. Computed from the kernel call's
         arguments, like ``token_mixing``.
         """
-        inside_trace(self, "read_state()")
-        reason = needs_kernel_call(self)
-        if reason is not None:
-            raise Unavailable(f"read_state on {standard_path(self)}: {reason}")
-        rows, order, single = select_positions(positions, self._seq(*self.call_arguments()))
+        rows, order, single = self._rows_of_call("read_state", positions)
         with torch.no_grad():
             outputs = self.readout_from_arguments(state.float(), rows)
         if order is not None:
@@ -474,12 +470,21 @@ class RecurrentMixer(CallOrder, Sublayer):
         """The family's math: the head outputs at ``rows`` of this call, each reading ``state`` (float32), from its arguments."""
         raise NotImplementedError(f"{type(self).__name__} declares no readout_from_arguments")
 
-    def _mixing(self, what: str, positions: Positions, heads: Heads) -> TokenMixing:
+    def _rows_of_call(self, what: str, positions: Positions) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        """``select_positions`` over this call's tokens, for ``what``, a value computed from the call's arguments.
+
+        Raises:
+            ValueError: outside a trace.
+            nnterp.Unavailable: the forward makes no single kernel call to read (``needs_kernel_call``).
+        """
         inside_trace(self, f"{what}()")
         reason = needs_kernel_call(self)
         if reason is not None:
             raise Unavailable(f"{what} on {standard_path(self)}: {reason}")
-        rows, order, single_row = select_positions(positions, self._seq(*self.call_arguments()))
+        return select_positions(positions, self._seq(*self.call_arguments()))
+
+    def _mixing(self, what: str, positions: Positions, heads: Heads) -> TokenMixing:
+        rows, order, single_row = self._rows_of_call(what, positions)
         chosen, single_head = select_heads(heads, axis_size(self, type(self).MIXING_HEADS))
         with torch.no_grad():
             matrix, offset = self.mixing_from_arguments(rows, chosen)
@@ -488,7 +493,8 @@ class RecurrentMixer(CallOrder, Sublayer):
         if single_row:
             matrix, offset = matrix[:, :, 0], offset[:, 0]
         if single_head:
-            matrix, offset = matrix[:, 0], offset[:, :, 0] if not single_row else offset[:, 0]
+            # the offset's heads axis follows its rows axis, or takes its place once an int row dropped it
+            matrix, offset = matrix[:, 0], offset.select(1 if single_row else 2, 0)
         return TokenMixing(matrix, offset)
 
     def mixing_from_arguments(self, rows: torch.Tensor, heads: torch.Tensor) -> TokenMixing:
