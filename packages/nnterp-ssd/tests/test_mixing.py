@@ -12,6 +12,7 @@ from nnterp.analysis.mixing import mixed
 from nnterp.testing import PROMPT, blocks_with, tiny_standardized
 from nnterp.testing.recurrent import close_relative
 from nnterp_ssd.mixing import ssd_mixing
+from nnterp_ssd.testing import ARGUMENT_VALUES, per_head
 
 # The pure-torch body, past the hub dispatcher (which would pick mamba_ssm's compiled kernel if installed).
 CHUNK_SCAN = inspect.unwrap(modeling_mamba2.mamba2_chunk_scan)
@@ -28,12 +29,8 @@ def token_loop_mixing(values: dict[str, torch.Tensor], skip: torch.Tensor) -> tu
     started from (``state_input``, ``[batch, heads, state_dim, head_dim]``)
     decays the same way and is read by ``C_t``; ``D x_t`` is added.
     """
-    x = values["attention_values"].float()
+    x, queries, keys, betas, decays = per_head(values)
     batch, seq, heads, head_dim = x.shape
-    per_group = heads // values["attention_keys"].shape[2]
-    keys = values["attention_keys"].float().repeat_interleave(per_group, dim=2)
-    queries = values["attention_queries"].float().repeat_interleave(per_group, dim=2)
-    betas, decays = values["betas"].float(), values["decays"].float()
     start = values["state_input"]
     start = torch.zeros(batch, heads, keys.shape[-1], head_dim) if start is None else start.float()
     matrix = torch.zeros(batch, heads, seq, seq)
@@ -49,14 +46,11 @@ def token_loop_mixing(values: dict[str, torch.Tensor], skip: torch.Tensor) -> tu
     return matrix, torch.stack(offsets, dim=1)
 
 
-SERVED = ("attention_queries", "attention_keys", "attention_values", "betas", "decays", "state_input")
-
-
 def read_call(mixer, **assigned):
     """Inside a trace: the call's served values (after ``assigned`` is written), its token mixing and its offset."""
     for name, value in assigned.items():
         setattr(mixer, name, value)
-    values = {name: getattr(mixer, name) for name in SERVED}
+    values = {name: getattr(mixer, name) for name in ARGUMENT_VALUES}
     values = {name: None if value is None else value.save() for name, value in values.items()}
     return values, mixer.token_mixing().save(), mixer.mixing_offset().save()
 

@@ -32,6 +32,16 @@ RESULT_VALUES = ("states", "state_output", "attention_head_outputs")
 DECODE_STEPS = 2
 
 
+def per_head(values: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    """One call's served x, C, B, betas and decays in float32, C and B repeated from their groups to the heads."""
+    x = values["attention_values"].float()
+    per_group = x.shape[2] // values["attention_keys"].shape[2]
+    queries, keys = (
+        values[name].float().repeat_interleave(per_group, dim=2) for name in ("attention_queries", "attention_keys")
+    )
+    return x, queries, keys, values["betas"].float(), values["decays"].float()
+
+
 def ssd_reference(
     mixer: StateSpace, values: dict[str, Any], initial: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,12 +55,8 @@ def ssd_reference(
     with ``B`` and ``C`` shared by the heads of a group, ``D`` the mixer's own
     skip, and ``h`` starting from ``initial`` (zeros when ``None``).
     """
-    x = values["attention_values"].float()
+    x, queries, keys, betas, decays = per_head(values)
     batch, seq, heads, head_dim = x.shape
-    per_group = heads // values["attention_keys"].shape[2]
-    keys = values["attention_keys"].float().repeat_interleave(per_group, dim=2)
-    queries = values["attention_queries"].float().repeat_interleave(per_group, dim=2)
-    betas, decays = values["betas"].float(), values["decays"].float()
     skip = mixer._module.D.detach().float()
     state = torch.zeros(batch, heads, keys.shape[-1], head_dim) if initial is None else initial.float()
     states, outputs = [], []
