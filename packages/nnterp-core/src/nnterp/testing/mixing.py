@@ -17,7 +17,7 @@ import torch
 
 from ..analysis.mixing import mixed
 from .models import tiny_standardized
-from .suites import PROMPT
+from .suites import BATCH, PROMPT
 
 #: How far ``mixed(M, values) + offset`` may be from the head outputs, relative to their largest entry (float32).
 MIXING_TOLERANCE = 1e-5
@@ -37,11 +37,12 @@ def reconstruction_error(
 class TokenMixingSuite:
     """``token_mixing`` rebuilds every head output of every recurrent mixer from its values, exactly."""
 
-    def read_mixing(self, model: Any, mixer: Any, **selection: Any) -> tuple[Any, ...]:
+    @staticmethod
+    def read_mixing(mixer: Any) -> tuple[Any, ...]:
         """Inside a trace: (values, matrix, offset, head outputs) of ``mixer``'s call, saved, in the forward's order."""
         values = mixer.attention_values.save()
-        matrix = mixer.token_mixing(**selection).save()
-        offset = mixer.mixing_offset(**selection).save()
+        matrix = mixer.token_mixing().save()
+        offset = mixer.mixing_offset().save()
         return values, matrix, offset, mixer.attention_head_outputs.save()
 
     def check_reconstruction(self, read: list[tuple[Any, ...]], what: str, tolerance: float = MIXING_TOLERANCE) -> None:
@@ -55,7 +56,7 @@ class TokenMixingSuite:
     def test_token_mixing_rebuilds_the_head_outputs(self) -> None:
         read: list[tuple[int, tuple[Any, ...]]] = []
         with self.model.trace(PROMPT):
-            read.extend((layer, self.read_mixing(self.model, self.mixer(layer))) for layer in self.recurrent_layers())
+            read.extend((layer, self.read_mixing(self.mixer(layer))) for layer in self.recurrent_layers())
         self.check_reconstruction(read, "a prompt")
         for layer, (_, matrix, _, _) in read:
             future = torch.ones(matrix.shape[-2:], dtype=torch.bool).triu(1)
@@ -70,7 +71,7 @@ class TokenMixingSuite:
             original = mixer.attention_values.save()
             replaced = torch.randn_like(original) * original.abs().max()
             mixer.attention_values = replaced
-            values, matrix, offset, outputs = self.read_mixing(self.model, mixer)
+            values, matrix, offset, outputs = self.read_mixing(mixer)
             read.append((layer, (values, matrix, offset, outputs)))
         assert not torch.equal(values, original), "the assignment did not replace the values"
         self.check_reconstruction(read, "replaced values")
@@ -80,10 +81,8 @@ class TokenMixingSuite:
         side, tokenizer.padding_side = tokenizer.padding_side, "left"
         read: list[tuple[int, tuple[Any, ...]]] = []
         try:
-            with self.model.trace(["Hello world, there", "Hi you"]):
-                read.extend(
-                    (layer, self.read_mixing(self.model, self.mixer(layer))) for layer in self.recurrent_layers()
-                )
+            with self.model.trace(list(BATCH)):
+                read.extend((layer, self.read_mixing(self.mixer(layer))) for layer in self.recurrent_layers())
         finally:
             tokenizer.padding_side = side
         self.check_reconstruction(read, "a left-padded batch")
@@ -94,7 +93,7 @@ class TokenMixingSuite:
         read: list[tuple[int, tuple[Any, ...]]] = []
         with self.model.generate(PROMPT, max_new_tokens=steps, min_new_tokens=steps, do_sample=False) as tracer:
             for _ in tracer.iter[:steps]:
-                read.append((layer, self.read_mixing(self.model, self.mixer(layer))))
+                read.append((layer, self.read_mixing(self.mixer(layer))))
         assert len(read) == steps
         self.check_reconstruction(read, "decode steps")
         prompt_matrix, decode_matrix = read[0][1][1], read[1][1][1]
@@ -105,7 +104,7 @@ class TokenMixingSuite:
         layer = self.recurrent_layers()[0]
         read: list[tuple[int, tuple[Any, ...]]] = []
         with model.trace(PROMPT):
-            read.append((layer, self.read_mixing(model, model.layers[layer].linear_attn)))
+            read.append((layer, self.read_mixing(model.layers[layer].linear_attn)))
         assert read[0][1][1].dtype == torch.float32, "token_mixing is float32"
         self.check_reconstruction(read, "bfloat16", BFLOAT16_MIXING_TOLERANCE)
 

@@ -30,12 +30,10 @@ from ..registry import REGISTRY
 from .mixing import TokenMixingSuite
 from .models import tiny_standardized
 from .order import TraceOrderSuite
-from .suites import PROMPT, blocks_with
+from .suites import BATCH, PROMPT, blocks_with
 
 #: How far a computed trajectory may be from the model's own states, relative to their largest entry (float32).
 TRAJECTORY_TOLERANCE = 1e-5
-#: Prompts of different lengths, for the padded batch.
-BATCH = ("Hello world, there", "Hi you")
 #: Decode steps the generate checks take.
 STEPS = 3
 #: ``positions=`` selections of a 150-token call, each kind the argument takes, and their test ids.

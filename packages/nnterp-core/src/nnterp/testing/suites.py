@@ -29,6 +29,8 @@ from ..transformer import StandardizedTransformer
 from .models import save_tiny, tiny_model, tiny_standardized
 
 PROMPT = "Hello world, there"
+#: Prompts of different lengths, for a padded batch.
+BATCH = ("Hello world, there", "Hi you")
 #: The sublayer contributions of a block, in the order a block's forward makes them unless its family says otherwise.
 CONTRIBUTIONS = (("self_attn", "attention_output"), ("linear_attn", "attention_output"), ("mlp", "mlp_output"))
 ATOL = 1e-5
