@@ -147,9 +147,9 @@ class SelectiveScan(RecurrentMixer):
 
     # -- the call --------------------------------------------------------------------
 
-    def _seq(self, args: tuple, kwargs: dict) -> int:
-        """The call's length: the scan's x is [batch, channels, seq]; the update takes one token."""
-        return 1 if self.decoding() else self.argument("hidden_states", (args, kwargs)).shape[2]
+    def _prompt_length(self, args: tuple, kwargs: dict) -> int:
+        """The scan's length: its x is channel-first, [batch, channels, seq]."""
+        return self.argument("hidden_states", (args, kwargs)).shape[2]
 
     def _inside(self, operation: str) -> str:
         """The key of ``operation``, a binding inside the kernel that fires on this call."""

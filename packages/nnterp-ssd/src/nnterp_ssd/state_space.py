@@ -169,10 +169,6 @@ class StateSpace(RecurrentMixer):
             return f"{self.kernel_body(cls.PROMPT.label)}.{cls.FINAL_STATE}.output"
         return f"source.{cls.PROMPT.label}.output"
 
-    def _seq(self, args: tuple, kwargs: dict) -> int:
-        """The call's length: the scan's x is [batch, seq, heads, head_dim]; the update takes one token."""
-        return 1 if self.decoding() else self.argument("hidden_states", (args, kwargs)).shape[1]
-
     def _returns_state(self) -> bool:
         """Whether the prompt's scan returns its final state (it does when the model runs with a cache)."""
         return bool(self.argument("return_final_states"))

@@ -320,7 +320,12 @@ class RecurrentMixer(CallOrder, Sublayer):
     # -- the state after every token ----------------------------------------------
 
     def _seq(self, args: tuple, kwargs: dict) -> int:
-        """The kernel call's sequence length: its first argument's axis 1 (tokens-first tensors)."""
+        """The kernel call's sequence length: one token on a decode step (whose update may take no sequence axis),
+        else ``_prompt_length``."""
+        return 1 if self.decoding() else self._prompt_length(args, kwargs)
+
+    def _prompt_length(self, args: tuple, kwargs: dict) -> int:
+        """A prompt kernel call's sequence length: its first argument's axis 1 (tokens-first tensors)."""
         return args[0].shape[1]
 
     def _token_op(self) -> tuple[Any, int, int]:
