@@ -3,11 +3,14 @@ standard values and checked against what the recurrence itself says."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from nnterp import REGISTRY, route_kernels
 from nnterp.analysis import knock_out, knockout, mixed, patch_state
+from nnterp.analysis.blocks import mixers
 from nnterp.testing import PROMPT, blocks_with, tiny_standardized
 from nnterp_deltanet.testing import reference_delta_rule
 
@@ -71,6 +74,15 @@ def test_a_batch_of_prompts_or_positions_outside_the_prompt_raise_before_the_mod
     finally:
         hook.remove()
     assert not calls, "the model ran before the bad input was refused"
+
+
+def test_a_block_without_a_sequence_mixer_is_refused_by_name():
+    """Asked for by name, a block an analysis cannot touch raises rather than leave the run as it was."""
+    block_without, block_with = SimpleNamespace(), SimpleNamespace(self_attn="attention")
+    model = SimpleNamespace(layers=[block_with, block_without])
+    assert [block.layer for block in mixers(model)] == [0]
+    with pytest.raises(ValueError, match=r"layers\[1\] has no sequence mixer"):
+        mixers(model, [1])
 
 
 def test_knockout_batches_as_it_runs_one_at_a_time(model):

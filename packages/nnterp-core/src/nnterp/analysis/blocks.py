@@ -23,11 +23,12 @@ def mixers(model: Any, layers: Iterable[int] | None = None) -> list[Mixers]:
     """The sequence mixers of the blocks ``layers`` (default: every block), in forward order; call it outside a trace.
 
     A hybrid's block has one or the other, Falcon-H1's both. Blocks with
-    neither (a Zamba shared-attention block's own MLP side, a block of MLP
-    only) are left out.
+    neither (a block of MLP only) are left out of every block, and refused
+    when asked for by name: an analysis would change nothing there.
 
     Raises:
         IndexError: a layer outside ``model.layers``.
+        ValueError: an asked layer has no sequence mixer.
     """
     count = len(model.layers)
     chosen = (
@@ -41,6 +42,11 @@ def mixers(model: Any, layers: Iterable[int] | None = None) -> list[Mixers]:
         recurrent, attention = getattr(block, "linear_attn", None), getattr(block, "self_attn", None)
         if recurrent is not None or attention is not None:
             found.append(Mixers(layer, recurrent, attention))
+        elif layers is not None:
+            raise ValueError(
+                f"layers[{layer}] has no sequence mixer (no linear_attn, no self_attn): nothing there reads earlier "
+                f"tokens; leave it out of layers"
+            )
     return found
 
 
