@@ -25,6 +25,7 @@ from .components.per_token import needs_recurrent_routing
 from .components.recurrent import RecurrentMixer
 from .components.routing import route_kernels
 from .components.standard import Standard, Sublayer, axis_size, blocks_support, contribution
+from .components.vision import ImageScatter, PatchRows, Vision, VisionLayer, VisionMlp
 from .descriptor import DerivedEProperty, EProperty, TokenEProperty, Unavailable, unavailable
 from .hookspecs import hookimpl, hookspec
 from .layouts import *  # noqa: F403
@@ -38,10 +39,12 @@ __all__ = [
     "Coverage",
     "DerivedEProperty",
     "EProperty",
+    "ImageScatter",
     "Layer",
     "Mlp",
     "Moe",
     "OrderError",
+    "PatchRows",
     "PARALLEL",
     "POST_NORM_ATTENTION",
     "POST_NORM_MLP",
@@ -58,6 +61,9 @@ __all__ = [
     "UnknownFamily",
     "UnknownModelType",
     "Unrecognized",
+    "Vision",
+    "VisionLayer",
+    "VisionMlp",
     "axis_size",
     "blocks_support",
     "contribution",

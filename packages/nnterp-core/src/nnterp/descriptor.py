@@ -189,9 +189,15 @@ class EProperty(eproperty):
     def reason(self, obj: Envoy) -> str | None:
         """Why this value is not available on ``obj``, or ``None`` when it is.
 
-        The family's reason first; then, on a model split by tensor
-        parallelism, the slice a rank holds of a split axis (``nnterp.tensor_parallel``).
+        Why the host serves nothing at all first (``Standard.absent``: a vision
+        tower no image reaches); then the family's reason; then, on a model
+        split by tensor parallelism, the slice a rank holds of a split axis
+        (``nnterp.tensor_parallel``).
         """
+        absent = getattr(type(obj), "absent", None)
+        whole = absent(obj) if absent is not None else None
+        if whole is not None:
+            return whole
         own = self.unavailable(obj) if callable(self.unavailable) else self.unavailable
         return own if own is not None else sliced_reason(self.dims, obj.root)
 
@@ -237,10 +243,14 @@ class EProperty(eproperty):
         name = spelled if isinstance(spelled, str) else getattr(spelled, "__name__", "Tensor")
         return f"({self.name}) -> {name} [{', '.join(dims)}]: {self.description}"
 
-    def laid_out(self, layout: Any) -> "EProperty":
-        """This value with another layout, for a subclass whose tensors are shaped its own way."""
+    def laid_out(self, layout: Any, kind: type | None = None) -> "EProperty":
+        """This value with another layout, for a subclass whose tensors are shaped its own way.
+
+        ``kind``, an ``EProperty`` subclass, serves it instead where the model's
+        tensor needs reshaping into the new layout (``PatchRows``).
+        """
         # a property underneath: copy.copy cannot reduce it
-        relaid = type(self).__new__(type(self))
+        relaid = (kind or type(self)).__new__(kind or type(self))
         relaid.__dict__.update(self.__dict__, _layout=layout)
         return relaid
 
@@ -366,13 +376,13 @@ class EProperty(eproperty):
             raise ValueError(f"{where}: expected {kind} numbers, got a {value.dtype} tensor; nothing was written")
 
     def _layout_shape(self, obj: Envoy) -> tuple[int | None, ...] | None:
-        """The layout's shape on ``obj``: each model axis's size, ``None`` for batch and seq."""
+        """The layout's shape on ``obj``: each model axis's size, ``None`` for the input's (batch, seq, images, ...)."""
         from .components.standard import axis_size
 
         if self.dims is None:
             return None
         try:
-            return tuple(None if axis in ("batch", "seq") else axis_size(obj, axis) for axis in self.dims)
+            return tuple(None if axis in layouts.INPUT_AXES else axis_size(obj, axis) for axis in self.dims)
         except ValueError:
             return None
 

@@ -11,7 +11,7 @@ dtype, and ``EProperty.dims`` names the axes the same way on every family.
 
 from __future__ import annotations
 
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 BATCH = "batch"
@@ -34,6 +34,14 @@ GROUPS = "groups"
 STREAMS = "streams"
 EXPERTS = "num_experts"
 TOP_K = "top_k"
+# A vision tower's axes: the images of an invoke, their patches, and the tower's own width.
+IMAGES = "images"
+PATCHES = "patches"
+VISION_HIDDEN = "vision_hidden_size"
+# The text positions an image's features are scattered into, every image of the batch in order.
+IMAGE_TOKENS = "image_tokens"
+#: The axes whose sizes are facts about the input, not the model.
+INPUT_AXES = frozenset({BATCH, SEQ, IMAGES, PATCHES, IMAGE_TOKENS})
 
 Residual = Float[Tensor, f"{BATCH} {SEQ} {HIDDEN}"]
 # A hyper-connection block's residual: several streams side by side, and what a sublayer adds into them.
@@ -48,6 +56,13 @@ RouterLogits = Float[Tensor, f"{BATCH} {SEQ} {EXPERTS}"]
 ExpertWeights = Float[Tensor, f"{BATCH} {SEQ} {TOP_K}"]
 ExpertIndices = Int[Tensor, f"{BATCH} {SEQ} {TOP_K}"]
 ExpertOutputs = Float[Tensor, f"{BATCH} {SEQ} {TOP_K} {HIDDEN}"]
+
+# A vision tower's stream: one row of patches per image (one packed row on Pixtral and the Qwen ViT).
+Patches = Float[Tensor, f"{IMAGES} {PATCHES} {VISION_HIDDEN}"]
+PatchNeurons = Float[Tensor, f"{IMAGES} {PATCHES} {INTERMEDIATE}"]
+#: What the text model receives at its image tokens, in the text model's width.
+ImageFeatures = Float[Tensor, f"{IMAGE_TOKENS} {HIDDEN}"]
+ImageTokenMask = Bool[Tensor, f"{BATCH} {SEQ}"]
 
 Queries = Float[Tensor, f"{BATCH} {HEADS} {SEQ} {QK_HEAD_DIM}"]
 Keys = Float[Tensor, f"{BATCH} {KV_HEADS} {SEQ} {QK_HEAD_DIM}"]

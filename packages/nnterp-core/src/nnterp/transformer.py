@@ -14,6 +14,7 @@ from nnsight.modeling.tp.envoys import tp_envoys, wants_tensor_parallel
 from nnsight.modeling.transformers import TransformersModel
 
 from .components.standard import blocks_support
+from .components.vision import VISION_NAMES, missing_tower, vision_family
 from .descriptor import DerivedEProperty, EProperty
 from .layouts import Logits, Probabilities
 from .placement import check_device_map, input_device, pipeline_placement
@@ -26,7 +27,51 @@ COMMON_RENAME: dict[Any, Any] = {
     "model.layers": "layers",
     "model.embed_tokens": "embed_tokens",
     "model.norm": "ln_final",
+    # A multimodal wrapper's text model, under its inner model.
+    "model.language_model.layers": "layers",
+    "model.language_model.embed_tokens": "embed_tokens",
+    "model.language_model.norm": "ln_final",
 }
+#: The task a multimodal checkpoint loads under with its processor.
+IMAGE_TEXT_TO_TEXT = "image-text-to-text"
+#: The files a checkpoint directory saves its processor in.
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def family_tables(family: ModuleType, config: Any) -> tuple[dict, dict]:
+    """The envoys and standard names a load of ``family`` uses.
+
+    A multimodal family says what its wrapper adds (the tower, the scatter);
+    its text model's modules are the family of the ``text_config``'s type, so
+    a LLaVA over a Mistral gets Mistral's envoys.
+    """
+    envoys, rename = dict(family.ENVOYS), {**COMMON_RENAME, **family.RENAME}
+    text = getattr(config, "text_config", None)
+    if vision_family(family) and text is not None and text.model_type not in family.MODEL_TYPES:
+        text_family = REGISTRY.family_for(text.model_type, text)
+        envoys = {**text_family.ENVOYS, **envoys}
+        rename = {**COMMON_RENAME, **text_family.RENAME, **family.RENAME}
+    return envoys, rename
+
+
+def load_task(family: ModuleType, model: Any, processor: Any, kwargs: dict) -> str:
+    """The task a model loads under: a multimodal family with a processor at hand takes images, else text.
+
+    A processor is at hand when one is passed, when a checkpoint directory
+    saves one, or for a hub id (a multimodal checkpoint ships its processor).
+    """
+    if "task" in kwargs:
+        return kwargs["task"]
+    if not vision_family(family):
+        return "text-generation"
+    if processor is not None:
+        return IMAGE_TEXT_TO_TEXT
+    if isinstance(model, torch.nn.Module):
+        return "text-generation"
+    if os.path.isdir(model):
+        saved = any(os.path.isfile(os.path.join(model, name)) for name in PROCESSOR_FILES)
+        return IMAGE_TEXT_TO_TEXT if saved else "text-generation"
+    return IMAGE_TEXT_TO_TEXT
 
 
 def model_type(config: Any) -> str:
@@ -77,6 +122,11 @@ class StandardizedTransformer(TransformersModel):
         model: A hub id, a local directory (as ``save_pretrained`` writes it),
             or a loaded ``PreTrainedModel``.
         tokenizer: A tokenizer to use instead of the one saved with the model.
+        processor: A multimodal checkpoint's processor, to use instead of
+            the one saved with it. With one (passed or saved), the wrapper
+            loads with its vision tower, and a trace takes the processor's
+            output (or ``text=``, ``images=``) the way it takes a prompt;
+            without, it loads for text, and its image values are unavailable.
         **kwargs: Passed on to ``from_pretrained`` (``attn_implementation``,
             ``dtype``, ``device_map``) and to nnsight (``dispatch``).
 
@@ -94,19 +144,22 @@ class StandardizedTransformer(TransformersModel):
         ValueError: ``model`` is neither a local directory nor loadable.
     """
 
-    def __init__(self, model: Any, tokenizer: Any = None, **kwargs: Any) -> None:
+    def __init__(self, model: Any, tokenizer: Any = None, processor: Any = None, **kwargs: Any) -> None:
         config = load_config(model, kwargs)
-        if tokenizer is None and not isinstance(model, torch.nn.Module):
+        family = REGISTRY.family_for(model_type(config), config)
+        kwargs["task"] = load_task(family, model, processor, kwargs)
+        if kwargs["task"] == IMAGE_TEXT_TO_TEXT:
+            # The pipeline loads the processor, and the tokenizer with it.
+            kwargs["processor"] = processor
+        elif tokenizer is None and not isinstance(model, torch.nn.Module):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(os.fspath(model))
-        family = REGISTRY.family_for(model_type(config), config)
-        kwargs.setdefault("task", "text-generation")
         if "device_map" in kwargs:
             # nnsight then loads the weights itself and wraps them, where the pipeline's placement is ours.
             kwargs.setdefault("config", config)
-        kwargs.setdefault("rename", {**COMMON_RENAME, **family.RENAME})
-        envoys = dict(family.ENVOYS)
+        envoys, rename = family_tables(family, config)
+        kwargs.setdefault("rename", rename)
         if wants_tensor_parallel(model, kwargs):
             shim_nnsight()
             # nnsight's envoys for the split Linear and Embedding modules, beside the family's standard ones.
@@ -116,6 +169,23 @@ class StandardizedTransformer(TransformersModel):
             warnings.simplefilter("ignore", NNsightDeprecationWarning)
             super().__init__(model, tokenizer=tokenizer, **kwargs)
         object.__setattr__(self, "family", family)
+        if getattr(family, "ROOT_SCATTER", None):
+            # The images are scattered in the root's own forward, read after the tower's values inside it.
+            self.source
+
+    def _update(self, module: torch.nn.Module) -> None:
+        super()._update(module)
+        if getattr(self.__dict__.get("family"), "ROOT_SCATTER", None):
+            self.source
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            family = self.__dict__.get("family")
+            if name in VISION_NAMES and family is not None and vision_family(family):
+                raise missing_tower(self, name) from None
+            raise
 
     def _load(self, *args: Any, **kwargs: Any) -> torch.nn.Module:
         structure = self.__dict__.get("_module")  # the meta model, when nnsight loads the weights lazily

@@ -39,6 +39,13 @@ class Standard(Envoy):
         if self.sourced:
             self.source
 
+    def absent(self) -> str | None:
+        """Why none of this envoy's values can be served on this load, or ``None``: checked before any value's own reason.
+
+        A vision tower's envoys say so on a load no image reaches (``Vision.no_images``).
+        """
+        return None
+
     def replaced(self, location: str, value: Any) -> None:
         """An assignment to one of this envoy's values has just put ``value`` at ``location``.
 

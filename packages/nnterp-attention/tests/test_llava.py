@@ -1,0 +1,5 @@
+from nnterp.testing.vision import VisionSuite
+
+
+class TestLlava(VisionSuite):
+    family = "llava"
