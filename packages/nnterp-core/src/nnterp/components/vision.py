@@ -24,7 +24,7 @@ import torch
 from nnsight.intervention.envoy import Envoy
 
 from ..descriptor import EProperty, Unavailable
-from ..layouts import ImageFeatures, ImageTokenMask, Neurons, PatchNeurons, Patches, Residual
+from ..layouts import ImageFeatures, ImageTokenMask, Neurons, Patches, PatchNeurons, Residual
 from .layer import Layer
 from .mlp import Mlp
 from .standard import Standard, blocks_support
