@@ -44,7 +44,7 @@ def package_dir(name: str) -> str:
 @nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str, transformers: str) -> None:
     """One package's tests, in an environment holding it, its declared dependencies and one transformers."""
-    session.install(TORCH, f"transformers=={transformers}", "pytest")
+    session.install(TORCH, f"transformers=={transformers}", "pytest", "pillow")
     session.install(*(package_dir(dependency) for dependency in PACKAGES[package]), package_dir(package))
     session.run("pytest", "-q", "-c", str(ROOT / "pyproject.toml"), package_dir(package) + "/tests", *session.posargs)
 

@@ -61,7 +61,9 @@ def _support_lines(model: Any) -> list[str]:
 
 def support(out: TextIO, model_id: str | None) -> int:
     """Print which standard values a model has: MODEL's, or every installed family's tiny model's."""
+    from .components.vision import vision_family
     from .testing import tiny_standardized
+    from .testing.vision import tiny_vision_standardized
     from .transformer import StandardizedTransformer
 
     if model_id is not None:
@@ -82,10 +84,13 @@ def suite_for(family: ModuleType, model: Any) -> type:
     ``model`` (a tiny model of the family) only says which envoys the family uses; the suite builds its own.
     """
     from .components.moe import Moe
+    from .components.vision import Vision
     from .testing import LayerSuite, MoeSuite
+    from .testing.vision import VisionSuite
 
     envoy_types = {type(envoy) for envoy in model.modules()}
-    suites: list[type] = [LayerSuite]
+    # The vision suite first: it builds the model with its processor, where the text side's suites run too.
+    suites: list[type] = [VisionSuite, LayerSuite] if any(issubclass(k, Vision) for k in envoy_types) else [LayerSuite]
     if any(issubclass(kind, Moe) for kind in envoy_types):
         suites.append(MoeSuite)
     for envoy_class, suite in REGISTRY.suites().items():
@@ -150,7 +155,9 @@ def check_families(out: TextIO, families: list[ModuleType]) -> int:
     """Run the conformance suites on each family's tiny model, a line per family; 1 on any failure."""
     from transformers.utils import logging
 
+    from .components.vision import vision_family
     from .testing import tiny_standardized
+    from .testing.vision import tiny_vision_standardized
 
     logging.disable_progress_bar()
     logging.set_verbosity_error()  # transformers' notes that it runs its pure-torch kernels: that is the point here
@@ -161,7 +168,8 @@ def check_families(out: TextIO, families: list[ModuleType]) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                suite = suite_for(family, tiny_standardized(family))
+                build = tiny_vision_standardized if vision_family(family) else tiny_standardized
+                suite = suite_for(family, build(family))
             except Exception:
                 passed, skipped, failures = 0, 0, [("building the tiny model", traceback.format_exc(limit=-3))]
             else:

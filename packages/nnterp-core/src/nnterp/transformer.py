@@ -14,7 +14,7 @@ from nnsight.modeling.tp.envoys import tp_envoys, wants_tensor_parallel
 from nnsight.modeling.transformers import TransformersModel
 
 from .components.standard import blocks_support
-from .components.vision import VISION_NAMES, missing_tower, vision_family
+from .components.vision import VISION_NAMES, check_images, missing_tower, vision_family
 from .descriptor import DerivedEProperty, EProperty
 from .layouts import Logits, Probabilities
 from .placement import check_device_map, input_device, pipeline_placement
@@ -149,7 +149,11 @@ class StandardizedTransformer(TransformersModel):
         family = REGISTRY.family_for(model_type(config), config)
         kwargs["task"] = load_task(family, model, processor, kwargs)
         if kwargs["task"] == IMAGE_TEXT_TO_TEXT:
-            # The pipeline loads the processor, and the tokenizer with it.
+            if processor is None and not isinstance(model, torch.nn.Module):
+                from transformers import AutoProcessor
+
+                processor = AutoProcessor.from_pretrained(os.fspath(model))
+            # The tokenizer is the processor's.
             kwargs["processor"] = processor
         elif tokenizer is None and not isinstance(model, torch.nn.Module):
             from transformers import AutoTokenizer
@@ -186,6 +190,12 @@ class StandardizedTransformer(TransformersModel):
             if name in VISION_NAMES and family is not None and vision_family(family):
                 raise missing_tower(self, name) from None
             raise
+
+    def _batch(self, invokes: list, fn: Any) -> Any:
+        batched = super()._batch(invokes, fn)
+        if vision_family(self.family):
+            check_images(self._module.config, batched)
+        return batched
 
     def _load(self, *args: Any, **kwargs: Any) -> torch.nn.Module:
         structure = self.__dict__.get("_module")  # the meta model, when nnsight loads the weights lazily

@@ -102,11 +102,24 @@ def tower(envoy: Envoy) -> Vision:
     return node
 
 
+#: The order a multimodal forward produces its values in, for a read the run never served.
+TOWER_ORDER = (
+    "a vision tower's values exist only in a run whose input carries images (the processor's pixel_values), "
+    "and the tower runs before the text model: patch_embeddings, each tower block in turn, tower_output, the "
+    "projector, then image_features and image_token_mask at the scatter into the embeddings, then the text "
+    "model's blocks; read them in that order, in a trace given images"
+)
+
+
 class TowerPart(Standard):
     """An envoy inside a vision tower: it serves nothing on a load no image reaches (``Vision.no_images``)."""
 
     def absent(self) -> str | None:
         return tower(self).no_images()
+
+    def order_hint(self, name: str) -> str:
+        """What a read the run did not serve is told: the tower runs on images only, before the text model."""
+        return TOWER_ORDER
 
 
 @on_patches
@@ -256,6 +269,10 @@ class Vision(Standard):
     def absent(self) -> str | None:
         return self.no_images()
 
+    def order_hint(self, name: str) -> str:
+        """What a read the run did not serve is told: the tower runs on images only, before the text model."""
+        return TOWER_ORDER
+
     def support(self, layer: int | None = None) -> dict[str, Any]:  # type: ignore[override]
         """Which tower values this load has, as ``StandardizedTransformer.support`` reports the text model's.
 
@@ -329,6 +346,40 @@ class ImageScatter(Standard):
     sourced = True
     #: The operation that scatters the features: its arguments are the mask and the features.
     SCATTER: ClassVar[str] = "inputs_embeds_masked_scatter_0"
+
+
+def image_token_id(config: Any) -> int | None:
+    """The id of the token the processor puts where an image's features go (``image_token_index`` on older configs)."""
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def check_images(config: Any, arguments: tuple[tuple, dict]) -> None:
+    """Raise before the model runs when a forward's input has image tokens and no image, or images and no token.
+
+    The wrapper would otherwise embed the image tokens as text, or drop the
+    images, and every image value would silently describe nothing.
+    """
+    token = image_token_id(config)
+    kwargs = arguments[1] if isinstance(arguments, tuple) and len(arguments) == 2 else {}
+    ids = kwargs.get("input_ids") if isinstance(kwargs, dict) else None
+    if token is None or not isinstance(ids, torch.Tensor):
+        return
+    tokens = int((ids == token).sum())
+    images = kwargs.get("pixel_values") is not None
+    if tokens and not images:
+        raise ValueError(
+            f"the input has {tokens} image token(s) (id {token}) but no image: pass the images with the text, "
+            "model.trace(text=prompt, images=[...]) or the processor's output, or remove the image tokens"
+        )
+    if images and not tokens:
+        raise ValueError(
+            f"the input carries images but no image token (id {token}) to put them at: write the processor's "
+            "image placeholder in the prompt and pass both through the processor"
+        )
 
 
 def vision_family(family: Any) -> bool:

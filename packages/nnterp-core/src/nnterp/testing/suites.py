@@ -74,6 +74,16 @@ class Suite:
     def setup_class(cls) -> None:
         cls.model = cls.build_model()
 
+    @classmethod
+    def save_model(cls, directory: str) -> None:
+        """Save a tiny model of the family, with what it loads with, to ``directory``."""
+        save_tiny(cls.family, directory, **cls.load)
+
+    @classmethod
+    def same_model(cls, loaded: StandardizedTransformer) -> StandardizedTransformer:
+        """The model ``save_model`` saved, built again in memory and loaded with ``loaded``'s preprocessor."""
+        return StandardizedTransformer(tiny_model(cls.family, **cls.load), tokenizer=loaded.tokenizer)
+
 
 class LayerSuite(Suite):
     """The residual stream through every block: contributions add up, and writes reach the next block."""
@@ -282,10 +292,10 @@ class LayerSuite(Suite):
 
     def test_saved_model_loads_by_path(self) -> None:
         with tempfile.TemporaryDirectory() as directory:
-            save_tiny(self.family, directory, **self.load)
+            self.save_model(directory)
             loaded = StandardizedTransformer(directory, **self.load)
             assert loaded.family is self.model.family
-            reference = StandardizedTransformer(tiny_model(self.family, **self.load), tokenizer=loaded.tokenizer)
+            reference = self.same_model(loaded)
             with loaded.trace(PROMPT):
                 from_disk = loaded.logits.save()
             with reference.trace(PROMPT):

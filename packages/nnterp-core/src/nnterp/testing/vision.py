@@ -15,11 +15,13 @@ and ``TINY_CONFIG`` (with its ``text_config`` and ``vision_config``):
 from __future__ import annotations
 
 import os
+import tempfile
 from types import ModuleType
 from typing import Any, ClassVar
 
 import torch
 
+from ..order import OrderError
 from ..transformer import StandardizedTransformer
 from .models import _family, tiny_config
 from .suites import Suite, close, raises
@@ -82,12 +84,22 @@ class VisionSuite(Suite):
     family's ``IMAGE_PROMPT`` marks each in the prompt.
     """
 
+    #: Whether the family's processor saves and loads back offline (one needing torchvision does not).
+    LOADS_BY_PATH: ClassVar[bool] = True
     #: Two images of different sizes, as one prompt carries them.
     SIZES: ClassVar[tuple[tuple[int, int], ...]] = ((40, 50), (30, 60))
 
     @classmethod
     def build_model(cls) -> StandardizedTransformer:
         return tiny_vision_standardized(cls.family, **cls.load)
+
+    @classmethod
+    def save_model(cls, directory: str) -> None:
+        save_tiny_vision(cls.family, directory, **cls.load)
+
+    @classmethod
+    def same_model(cls, loaded: StandardizedTransformer) -> StandardizedTransformer:
+        return StandardizedTransformer(tiny_vision_model(cls.family, **cls.load), processor=loaded.processor)
 
     def encoding(self, count: int = 2) -> Any:
         """The processor's output for a prompt carrying the first ``count`` of ``SIZES``."""
@@ -192,6 +204,16 @@ class VisionSuite(Suite):
         with self.model.trace("hi there"):
             logits = self.model.logits.save()
         assert logits.shape[:2] == (1, len("hi there"))
+        with raises(OrderError, "only in a run whose input carries images"):
+            with self.model.trace("hi there"):
+                self.model.vision.image_features.save()
+
+    def test_image_tokens_without_an_image_are_refused_before_the_model_runs(self) -> None:
+        encoding = self.encoding(1)
+        text_only = {name: encoding[name] for name in ("input_ids", "attention_mask")}
+        with raises(ValueError, "image token.*but no image"):
+            with self.model.trace(text_only):
+                self.model.layers[0].layer_input.save()
 
     # -- what this load has -------------------------------------------------------------------------
 
@@ -200,6 +222,19 @@ class VisionSuite(Suite):
         for name in ("patch_embeddings", "tower_output", "image_features", "image_token_mask", "layer_output"):
             assert support[name] is None, f"{name}: {support[name]}"
         assert set(self.model.vision.support(layer=0)) >= {"layer_output", "self_attn.attention_output"}
+
+    def test_saved_with_its_processor_it_loads_back_by_path_with_its_images(self) -> None:
+        if not self.LOADS_BY_PATH:
+            return
+        encoding = self.encoding()
+        with self.model.trace(encoding):
+            expected = self.model.vision.image_features.save()
+        with tempfile.TemporaryDirectory() as directory:
+            self.save_model(directory)
+            model = StandardizedTransformer(directory, **self.load)
+            with model.trace(encoding):
+                features = model.vision.image_features.save()
+        close(features, expected, what="image_features after a save and a load by path")
 
     def test_a_load_without_a_processor_serves_no_images(self) -> None:
         model = StandardizedTransformer(tiny_vision_model(self.family), tokenizer=vision_tokenizer(self.family))
