@@ -59,11 +59,17 @@ def _support_lines(model: Any) -> list[str]:
     return lines
 
 
-def support(out: TextIO, model_id: str | None) -> int:
-    """Print which standard values a model has: MODEL's, or every installed family's tiny model's."""
+def tiny_of(family: ModuleType) -> Any:
+    """The tiny model a family is shown and checked on: a vision family's with its processor."""
     from .components.vision import vision_family
     from .testing import tiny_standardized
     from .testing.vision import tiny_vision_standardized
+
+    return tiny_vision_standardized(family) if vision_family(family) else tiny_standardized(family)
+
+
+def support(out: TextIO, model_id: str | None) -> int:
+    """Print which standard values a model has: MODEL's, or every installed family's tiny model's."""
     from .transformer import StandardizedTransformer
 
     if model_id is not None:
@@ -74,7 +80,7 @@ def support(out: TextIO, model_id: str | None) -> int:
         return 0
     for name, family in sorted(REGISTRY.families().items()):
         print(f"{name} (tiny {family.MODEL_TYPES[0]})", file=out)
-        print("\n".join(_support_lines(tiny_standardized(family))), file=out)
+        print("\n".join(_support_lines(tiny_of(family))), file=out)
     return 0
 
 
@@ -155,9 +161,6 @@ def check_families(out: TextIO, families: list[ModuleType]) -> int:
     """Run the conformance suites on each family's tiny model, a line per family; 1 on any failure."""
     from transformers.utils import logging
 
-    from .components.vision import vision_family
-    from .testing import tiny_standardized
-    from .testing.vision import tiny_vision_standardized
 
     logging.disable_progress_bar()
     logging.set_verbosity_error()  # transformers' notes that it runs its pure-torch kernels: that is the point here
@@ -168,8 +171,7 @@ def check_families(out: TextIO, families: list[ModuleType]) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                build = tiny_vision_standardized if vision_family(family) else tiny_standardized
-                suite = suite_for(family, build(family))
+                suite = suite_for(family, tiny_of(family))
             except Exception:
                 passed, skipped, failures = 0, 0, [("building the tiny model", traceback.format_exc(limit=-3))]
             else:
