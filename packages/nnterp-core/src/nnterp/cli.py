@@ -161,7 +161,6 @@ def check_families(out: TextIO, families: list[ModuleType]) -> int:
     """Run the conformance suites on each family's tiny model, a line per family; 1 on any failure."""
     from transformers.utils import logging
 
-
     logging.disable_progress_bar()
     logging.set_verbosity_error()  # transformers' notes that it runs its pure-torch kernels: that is the point here
     width = max((len(family_name(f)) for f in families), default=0)
