@@ -1,0 +1,52 @@
+"""A multimodal wrapper takes its text model's envoys from the family of its text_config, whichever that is."""
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+
+from nnterp import StandardizedTransformer, UnknownModelType
+from nnterp.families import qwen2
+from nnterp.testing import close, tiny_config
+from nnterp.testing.vision import tiny_images, tiny_processor, vision_tokenizer
+from nnterp_attention import Attention
+
+QWEN2_TEXT = dict(
+    model_type="qwen2",
+    vocab_size=80,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
+
+
+def llava_over(text_config: dict) -> torch.nn.Module:
+    image_token_id = vision_tokenizer("llava").convert_tokens_to_ids("<image>")
+    config = tiny_config("llava", text_config=text_config, image_token_id=image_token_id)
+    torch.manual_seed(0)
+    return AutoModelForImageTextToText.from_config(config, attn_implementation="eager").eval()
+
+
+def test_a_llava_over_qwen2_serves_qwen2s_blocks_and_its_images():
+    model = StandardizedTransformer(llava_over(QWEN2_TEXT), processor=tiny_processor("llava"))
+    attention = model.layers[0].self_attn
+    assert type(attention) is qwen2.ENVOYS[type(attention._module)]
+    assert isinstance(attention, Attention)
+    inputs = model.processor(text="hi <image> there", images=tiny_images((40, 50)), return_tensors="pt")
+    with model.trace(inputs):
+        features = model.vision.image_features.save()
+        mask = model.vision.image_token_mask.save()
+        entering = model.layers[0].layer_input.save()
+        attention_output = model.layers[0].self_attn.attention_output.save()
+        mlp_output = model.layers[0].mlp.mlp_output.save()
+        leaving = model.layers[0].layer_output.save()
+    close(entering[mask], features, what="layers[0].layer_input[image_token_mask]")
+    close(entering + attention_output + mlp_output, leaving, what="layers[0] of the Qwen2 text model")
+
+
+def test_a_text_model_no_family_serves_is_named_before_the_model_is_wrapped():
+    module = llava_over(QWEN2_TEXT)
+    module.config.text_config.model_type = "qwen2_unreleased"
+    with pytest.raises(UnknownModelType, match="qwen2_unreleased"):
+        StandardizedTransformer(module, processor=tiny_processor("llava"))
