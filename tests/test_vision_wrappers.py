@@ -1,13 +1,16 @@
 """A multimodal wrapper takes its text model's envoys from the family of its text_config, whichever that is."""
 
+import io
+
 import pytest
 import torch
 from transformers import AutoModelForImageTextToText
 
 from nnterp import StandardizedTransformer, UnknownModelType
+from nnterp.cli import support
 from nnterp.families import qwen2
 from nnterp.testing import close, tiny_config
-from nnterp.testing.vision import tiny_images, tiny_processor, vision_tokenizer
+from nnterp.testing.vision import save_tiny_vision, tiny_images, tiny_processor, vision_tokenizer
 from nnterp_attention import Attention
 
 QWEN2_TEXT = dict(
@@ -50,3 +53,15 @@ def test_a_text_model_no_family_serves_is_named_before_the_model_is_wrapped():
     module.config.text_config.model_type = "qwen2_unreleased"
     with pytest.raises(UnknownModelType, match="qwen2_unreleased"):
         StandardizedTransformer(module, processor=tiny_processor("llava"))
+
+
+def test_nnterp_support_lists_the_tower_beside_the_text_model(tmp_path):
+    save_tiny_vision("llava", tmp_path)
+    out = io.StringIO()
+    support(out, str(tmp_path))
+    lines = out.getvalue().splitlines()
+    assert "  vision.image_features: available" in lines
+    # Loaded as a user would, with sdpa: the tower's pattern says how to get it.
+    pattern = [line for line in lines if line.startswith("  vision.self_attn.attention_probabilities [layer 0]")]
+    assert len(pattern) == 1 and "attn_implementation='eager'" in pattern[0], pattern
+    assert "  layer_output: available" in lines

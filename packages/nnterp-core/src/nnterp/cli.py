@@ -49,13 +49,20 @@ def plugins(out: TextIO) -> int:
 
 
 def _support_lines(model: Any) -> list[str]:
+    tables = [("", model.support())]
+    vision = getattr(model, "vision", None)
+    if vision is not None:
+        tables.append(("vision.", vision.support()))
     lines = []
-    for name, reason in model.support().items():
-        if reason is None:
-            lines.append(f"  {name}: available")
-        else:
-            for layer, why in reason.items():
-                lines.append(f"  {name} [layer {layer}]: {why}")
+    for prefix, table in tables:
+        for name, reason in table.items():
+            if reason is None:
+                lines.append(f"  {prefix}{name}: available")
+            elif isinstance(reason, str):
+                lines.append(f"  {prefix}{name}: {reason}")
+            else:
+                for layer, why in reason.items():
+                    lines.append(f"  {prefix}{name} [layer {layer}]: {why}")
     return lines
 
 
