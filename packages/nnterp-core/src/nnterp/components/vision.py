@@ -255,6 +255,11 @@ class Vision(Standard):
         """Side of the square image the tower is built for, in pixels."""
         return self.config.image_size
 
+    @property
+    def image_token_id(self) -> int | None:
+        """The id of the token the processor puts where an image's features go."""
+        return image_token_id(self.root._module.config)
+
     # -- whether images reach it ----------------------------------------------------------
 
     def no_images(self) -> str | None:

@@ -203,6 +203,15 @@ class VisionSuite(Suite):
         counts = [len(rows) for rows in features]
         assert counts[1] > counts[0] > 0, f"image tokens for one image, two images: {counts}"
 
+    def test_generate_sees_the_images_and_serves_their_features_on_the_prompt_step(self) -> None:
+        encoding = self.encoding()
+        with self.model.generate(encoding, max_new_tokens=3, do_sample=False) as tracer:
+            features = self.model.vision.image_features.save()
+            ids = tracer.result.save()
+        expected = self.model._module.generate(**encoding, max_new_tokens=3, do_sample=False)
+        assert torch.equal(ids, expected), f"generated {ids.tolist()}, transformers generates {expected.tolist()}"
+        assert features.shape[0] == int((encoding["input_ids"] == self.model.vision.image_token_id).sum())
+
     def test_a_text_only_prompt_runs_and_serves_no_image_features(self) -> None:
         with self.model.trace("hi there"):
             logits = self.model.logits.save()
