@@ -10,6 +10,9 @@ and ``TINY_CONFIG`` (with its ``text_config`` and ``vision_config``):
   expands into the image's tokens.
 - ``tiny_processor(tokenizer)``: the family's processor over that tokenizer,
   built from its defaults with a pillow image processor.
+- ``tiny_weights(model)``, optional: random values for what the wrapper
+  initializes to a constant (Gemma-3's projection is zero, which would zero
+  every image feature).
 """
 
 from __future__ import annotations
@@ -52,7 +55,11 @@ def tiny_vision_model(family: str | ModuleType, attn_implementation: str = "eage
     image_token_id = vision_tokenizer(family).convert_tokens_to_ids(family.IMAGE_TOKENS[0])
     torch.manual_seed(seed)
     config = tiny_config(family, **{"image_token_id": image_token_id, **family.TINY_CONFIG})
-    return AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation).eval()
+    model = AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation).eval()
+    tiny_weights = getattr(family, "tiny_weights", None)
+    if tiny_weights is not None:
+        tiny_weights(model)
+    return model
 
 
 def tiny_vision_standardized(family: str | ModuleType, **kwargs: Any) -> StandardizedTransformer:
@@ -115,7 +122,10 @@ class VisionSuite(Suite):
         configured image size. A tower that takes any resolution overrides it.
         """
         vision = self.model.vision
-        return encoding["pixel_values"].shape[0], (vision.image_size // vision.patch_size) ** 2
+        pixels = encoding["pixel_values"]
+        # Tiles (LLaVA-NeXT's anyres), [images, tiles, 3, H, W], padded with zero tiles the tower does not run on.
+        rows = int((pixels.flatten(2) != 0).any(-1).sum()) if pixels.dim() == 5 else pixels.shape[0]
+        return rows, (vision.image_size // vision.patch_size) ** 2
 
     # -- the tower --------------------------------------------------------------------------
 
@@ -124,12 +134,14 @@ class VisionSuite(Suite):
         with self.model.trace(self.encoding()):
             for layer in self.model.vision.layers:
                 streams.append(
-                    (layer.layer_input.save(), layer.self_attn.attention_output.save())
-                    + (layer.mlp.mlp_output.save(), layer.layer_output.save())
+                    (layer.layer_input.save(), layer.self_attn.attention_output.save(), layer.layer_mid.save())
+                    + (layer.mlp_norm_output.save(), layer.mlp.mlp_output.save(), layer.layer_output.save())
                 )
-        for i, (entering, attention, mlp, leaving) in enumerate(streams):
-            close(entering + attention + mlp, leaving, what=f"vision.layers[{i}]")
-        assert not torch.equal(streams[-1][0], streams[-1][3]), "the last block leaves its stream unchanged"
+        for i, (entering, attention, mid, normed, mlp, leaving) in enumerate(streams):
+            close(entering + attention, mid, what=f"vision.layers[{i}].layer_mid")
+            close(mid + mlp, leaving, what=f"vision.layers[{i}]: layer_mid + mlp_output")
+            assert not torch.allclose(normed, mid), f"vision.layers[{i}].mlp_norm_output is the unnormed stream"
+        assert not torch.equal(streams[-1][0], streams[-1][-1]), "the last block leaves its stream unchanged"
 
     def test_patches_match_the_processor(self) -> None:
         encoding = self.encoding()
@@ -233,7 +245,10 @@ class VisionSuite(Suite):
         support = self.model.vision.support()
         for name in ("patch_embeddings", "tower_output", "image_features", "image_token_mask", "layer_output"):
             assert support[name] is None, f"{name}: {support[name]}"
-        assert set(self.model.vision.support(layer=0)) >= {"layer_output", "self_attn.attention_output"}
+        block = self.model.vision.support(layer=0)
+        assert set(block) >= {"layer_output", "self_attn.attention_output", "mlp.mlp_neurons"}
+        missing = {name: reason for name, reason in block.items() if name.startswith("mlp.") and reason is not None}
+        assert not missing, f"the tower's MLP values a family's RENAME should reach: {missing}"
 
     def test_saved_with_its_processor_it_loads_back_by_path_with_its_images(self) -> None:
         if not self.LOADS_BY_PATH:
