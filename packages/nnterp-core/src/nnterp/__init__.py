@@ -22,10 +22,12 @@ from .components.mlp import Mlp
 from .components.moe import Moe, Scoring, mixture_reason, needs_grouped_experts, no_shared_expert
 from .components.per_call import per_call, pinned
 from .components.per_token import needs_recurrent_routing
+from .components.pixtral import PixtralVision
+from .components.qwen_vision import QwenVision
 from .components.recurrent import RecurrentMixer
 from .components.routing import route_kernels
 from .components.standard import Standard, Sublayer, axis_size, blocks_support, contribution
-from .components.vision import ImageScatter, PatchRows, Vision, VisionLayer, VisionMlp
+from .components.vision import ImageScatter, PatchRows, Vision, VisionLayer, VisionMlp, image_token_id
 from .descriptor import DerivedEProperty, EProperty, TokenEProperty, Unavailable, unavailable
 from .hookspecs import hookimpl, hookspec
 from .layouts import *  # noqa: F403
@@ -45,10 +47,12 @@ __all__ = [
     "Moe",
     "OrderError",
     "PatchRows",
+    "PixtralVision",
     "PARALLEL",
     "POST_NORM_ATTENTION",
     "POST_NORM_MLP",
     "PluginError",
+    "QwenVision",
     "REGISTRY",
     "RecurrentMixer",
     "Standard",
@@ -71,6 +75,7 @@ __all__ = [
     "families",
     "hookimpl",
     "hookspec",
+    "image_token_id",
     "layouts",
     "mixture_reason",
     "needs_grouped_experts",

@@ -72,7 +72,9 @@ def tiny_of(family: ModuleType) -> Any:
     from .testing import tiny_standardized
     from .testing.vision import tiny_vision_standardized
 
-    return tiny_vision_standardized(family) if vision_family(family) else tiny_standardized(family)
+    if vision_family(family) and not getattr(family, "NO_IMAGES", None):
+        return tiny_vision_standardized(family)
+    return tiny_standardized(family)
 
 
 def support(out: TextIO, model_id: str | None) -> int:
@@ -109,6 +111,9 @@ def suite_for(family: ModuleType, model: Any) -> type:
     for envoy_class, suite in REGISTRY.suites().items():
         if suite not in suites and any(issubclass(kind, envoy_class) for kind in envoy_types):
             suites.append(suite)
+    # A plugin's suite that extends a core one (a packed tower's VisionSuite) takes its place, first when it builds.
+    suites = [suite for suite in suites if not any(other is not suite and issubclass(other, suite) for other in suites)]
+    suites.sort(key=lambda suite: not issubclass(suite, VisionSuite))
     # A generic family is registered under no name, so its suite holds the module itself.
     named = family if getattr(family, "GENERIC", None) else family_name(family)
     return type(f"Check_{family_name(family)}", tuple(suites), {"family": named})

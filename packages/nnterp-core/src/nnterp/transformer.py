@@ -59,10 +59,12 @@ def load_task(family: ModuleType, model: Any, processor: Any, kwargs: dict) -> s
 
     A processor is at hand when one is passed, when a checkpoint directory
     saves one, or for a hub id (a multimodal checkpoint ships its processor).
+    A family whose wrapper the installed transformers cannot run on images
+    (its ``NO_IMAGES``) loads for text.
     """
     if "task" in kwargs:
         return kwargs["task"]
-    if not vision_family(family):
+    if not vision_family(family) or getattr(family, "NO_IMAGES", None):
         return "text-generation"
     if processor is not None:
         return IMAGE_TEXT_TO_TEXT

@@ -265,6 +265,9 @@ class Vision(Standard):
     def no_images(self) -> str | None:
         """Why no image reaches the model this tower belongs to, or ``None``: the one place that decides."""
         root = self.root
+        broken = getattr(getattr(root, "family", None), "NO_IMAGES", None)
+        if broken is not None:
+            return broken
         if getattr(root, "processor", None) is None:
             return NO_PROCESSOR.format(task=getattr(root, "task", None))
         if not isinstance(getattr(root, "projector", None), Envoy):

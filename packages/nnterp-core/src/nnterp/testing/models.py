@@ -32,8 +32,10 @@ def tiny_model(family: str | ModuleType, attn_implementation: str = "eager", see
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
+    # A dtype on a multimodal wrapper's config would not reach its text model: from_config casts the whole model.
+    dtype = overrides.pop("dtype", None)
     config = tiny_config(family, **overrides)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype).eval()
 
 
 def save_tiny(family: str | ModuleType, directory: str | os.PathLike, **kwargs: Any) -> str:

@@ -80,6 +80,11 @@ class Suite:
         save_tiny(cls.family, directory, **cls.load)
 
     @classmethod
+    def load_saved(cls, directory: str) -> StandardizedTransformer:
+        """Load what ``save_model`` saved, by path, as a user would."""
+        return StandardizedTransformer(directory, **cls.load)
+
+    @classmethod
     def same_model(cls, loaded: StandardizedTransformer) -> StandardizedTransformer:
         """The model ``save_model`` saved, built again in memory and loaded with ``loaded``'s preprocessor."""
         return StandardizedTransformer(tiny_model(cls.family, **cls.load), tokenizer=loaded.tokenizer)
@@ -293,7 +298,7 @@ class LayerSuite(Suite):
     def test_saved_model_loads_by_path(self) -> None:
         with tempfile.TemporaryDirectory() as directory:
             self.save_model(directory)
-            loaded = StandardizedTransformer(directory, **self.load)
+            loaded = self.load_saved(directory)
             assert loaded.family is self.model.family
             reference = self.same_model(loaded)
             with loaded.trace(PROMPT):

@@ -10,6 +10,11 @@ and ``TINY_CONFIG`` (with its ``text_config`` and ``vision_config``):
   expands into the image's tokens.
 - ``tiny_processor(tokenizer)``: the family's processor over that tokenizer,
   built from its defaults with a pillow image processor.
+- ``PROCESSOR_NEEDS_TORCHVISION = True``, where ``AutoProcessor`` rebuilds the
+  family's saved processor only with torchvision's image processor: a load by
+  path is then given the processor.
+- ``NO_IMAGES``, where the installed transformers cannot run the wrapper on
+  images: the reason (the vision suite skips with it).
 - ``tiny_weights(model)``, optional: random values for what the wrapper
   initializes to a constant (Gemma-3's projection is zero, which would zero
   every image feature).
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import unittest
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -92,14 +98,25 @@ class VisionSuite(Suite):
     family's ``IMAGE_PROMPT`` marks each in the prompt.
     """
 
-    #: Whether the family's processor saves and loads back offline (one needing torchvision does not).
-    LOADS_BY_PATH: ClassVar[bool] = True
     #: Two images of different sizes, as one prompt carries them.
     SIZES: ClassVar[tuple[tuple[int, int], ...]] = ((40, 50), (30, 60))
 
     @classmethod
+    def setup_class(cls) -> None:
+        reason = getattr(_family(cls.family), "NO_IMAGES", None)
+        if reason is not None:
+            raise unittest.SkipTest(reason)
+        super().setup_class()
+
+    @classmethod
     def build_model(cls) -> StandardizedTransformer:
         return tiny_vision_standardized(cls.family, **cls.load)
+
+    @classmethod
+    def load_saved(cls, directory: str) -> StandardizedTransformer:
+        if getattr(_family(cls.family), "PROCESSOR_NEEDS_TORCHVISION", False):
+            return StandardizedTransformer(directory, processor=tiny_processor(cls.family), **cls.load)
+        return StandardizedTransformer(directory, **cls.load)
 
     @classmethod
     def save_model(cls, directory: str) -> None:
@@ -118,10 +135,13 @@ class VisionSuite(Suite):
     def expected_patches(self, encoding: Any) -> tuple[int, int]:
         """The (images, patches) axes of ``patch_embeddings`` the processor's output implies.
 
-        A fixed-resolution tower: one row per image, the square grid of its
-        configured image size. A tower that takes any resolution overrides it.
+        A packed tower: one row of every image's patches (``patches_per_image``).
+        A fixed-resolution tower: one row per image (or tile), the square grid
+        of its configured image size.
         """
         vision = self.model.vision
+        if hasattr(type(vision), "patches_per_image"):
+            return 1, sum(vision.patches_per_image(encoding))
         pixels = encoding["pixel_values"]
         # Tiles (LLaVA-NeXT's anyres), [images, tiles, 3, H, W], padded with zero tiles the tower does not run on.
         rows = int((pixels.flatten(2) != 0).any(-1).sum()) if pixels.dim() == 5 else pixels.shape[0]
@@ -251,14 +271,12 @@ class VisionSuite(Suite):
         assert not missing, f"the tower's MLP values a family's RENAME should reach: {missing}"
 
     def test_saved_with_its_processor_it_loads_back_by_path_with_its_images(self) -> None:
-        if not self.LOADS_BY_PATH:
-            return
         encoding = self.encoding()
         with self.model.trace(encoding):
             expected = self.model.vision.image_features.save()
         with tempfile.TemporaryDirectory() as directory:
             self.save_model(directory)
-            model = StandardizedTransformer(directory, **self.load)
+            model = self.load_saved(directory)
             with model.trace(encoding):
                 features = model.vision.image_features.save()
         close(features, expected, what="image_features after a save and a load by path")
