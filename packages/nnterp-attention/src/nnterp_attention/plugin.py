@@ -16,6 +16,7 @@ from .families import (
     electra,
     ernie,
     gemma2,
+    gemma3,
     gemma3_text,
     gemma4_text,
     git,
@@ -24,20 +25,26 @@ from .families import (
     gpt_oss,
     granitemoe,
     llama,
+    llama4,
     llama4_text,
     llava,
+    llava_next,
     megatron_bert,
     mimo_v2_flash,
     mistral,
+    mistral3,
     mixtral,
     mpt,
     olmo2,
     olmoe,
     phi3,
     qwen2,
+    qwen2_5_vl,
     qwen2_moe,
+    qwen2_vl,
     qwen3,
     qwen3_moe,
+    qwen3_vl,
     rembert,
     roberta,
     roberta_prelayernorm,
@@ -47,6 +54,7 @@ from .families import (
 )
 from .generic import generic_family
 from .own_arithmetic import OwnArithmeticAttention
+from .qwen_vision import QwenVisionAttention
 from .sink import SinkAttention
 
 
@@ -56,7 +64,8 @@ def nnterp_families():
         *(llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2, phi3, gpt2, gpt_neox, bloom, mpt, gpt_oss),
         *(mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, mimo_v2_flash, granitemoe),
         *(dbrx, llama4_text),
-        llava,
+        *(llava, llava_next, gemma3, mistral3, llama4),
+        *(qwen2_vl, qwen2_5_vl, qwen3_vl),
         gemma4_text,
         *(bert, bert_generation, camembert, data2vec_text, electra, ernie, roberta, roc_bert, xlm_roberta),
         *(big_bird, git, rembert, megatron_bert, roberta_prelayernorm, xlm_roberta_xl),
@@ -65,10 +74,11 @@ def nnterp_families():
 
 @nnterp.hookimpl
 def nnterp_suites():
-    from .testing import AlibiAttentionSuite, SinkAttentionSuite
+    from .testing import AlibiAttentionSuite, QwenVisionSuite, SinkAttentionSuite
 
     # The subclass's suite first: `nnterp check` combines the suites of every base, most derived first.
     return {
+        QwenVisionAttention: QwenVisionSuite,
         SinkAttention: SinkAttentionSuite,
         OwnArithmeticAttention: AlibiAttentionSuite,
         Attention: AttentionSuite,

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import torch
 
+from nnterp import StandardizedTransformer, Unavailable
 from nnterp.testing import PROMPT, AttentionSuite, close
+from nnterp.testing.suites import raises
+from nnterp.testing.vision import VisionSuite, tiny_vision_model
 
 
 def causal_softmax(bias: torch.Tensor) -> torch.Tensor:
@@ -138,3 +143,105 @@ class SinkAttentionSuite(AttentionSuite):
                 heads, (written @ repeated).transpose(1, 2), what=f"layers[{layer}] head outputs of the written pattern"
             )
             assert not torch.allclose(heads, clean), f"layers[{layer}]: writing the pattern left the head outputs"
+
+
+def attend(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Softmax attention without a mask, [1, heads, seq, head_dim] in, [1, seq, heads, head_dim] out."""
+    pattern = torch.softmax(queries @ keys.transpose(-1, -2) * queries.shape[-1] ** -0.5, dim=-1)
+    return (pattern @ values).transpose(1, 2)
+
+
+class QwenVisionSuite(VisionSuite):
+    """The Qwen ViT: every image's patches in one row, each image attended on its own, a merger as the projector."""
+
+    #: Two images of different grids: 6 x 8 and 4 x 6 patches, at patches of 14 or 16 pixels.
+    SIZES = ((84, 112), (56, 84))
+    #: A block that attends over whole images (Qwen2.5-VL's other blocks attend over windows).
+    FULL_ATTENTION_BLOCK: ClassVar[int] = 0
+
+    def test_each_image_is_attended_on_its_own(self) -> None:
+        encoding = self.encoding()
+        attention = self.model.vision.layers[self.FULL_ATTENTION_BLOCK].self_attn
+        with self.model.trace(encoding):
+            queries = attention.attention_queries.save()
+            keys = attention.attention_keys.save()
+            values = attention.attention_values.save()
+            heads = attention.attention_head_outputs.save()
+        sizes = self.model.vision.patches_per_image(encoding)
+        assert queries.shape == (1, attention.num_heads, sum(sizes), attention.head_dim)
+        assert heads.shape == (1, sum(sizes), attention.num_heads, attention.head_dim)
+        pieces = zip(*(tensor.split(sizes, dim=2) for tensor in (queries, keys, values)), strict=True)
+        expected = torch.cat([attend(*piece) for piece in pieces], dim=1)
+        close(heads, expected, what="head outputs vs each image's softmax(q k^T * scale) v")
+        assert not torch.allclose(heads, attend(queries, keys, values), atol=1e-4), "the images attend to each other"
+
+    def test_a_value_write_on_one_image_leaves_the_others(self) -> None:
+        encoding = self.encoding()
+        attention = self.model.vision.layers[self.FULL_ATTENTION_BLOCK].self_attn
+        first, second = self.model.vision.patches_per_image(encoding)
+        with self.model.trace(encoding):
+            clean = attention.attention_head_outputs.save()
+        with self.model.trace(encoding):
+            values = attention.attention_values
+            attention.attention_values = torch.cat([values[:, :, :first], torch.zeros_like(values[:, :, first:])], 2)
+            written = attention.attention_head_outputs.save()
+        assert written.shape[1] == first + second
+        close(written[:, :first], clean[:, :first], what="the first image's head outputs")
+        assert torch.all(written[:, first:] == 0), "the second image's zero values left its head outputs nonzero"
+
+    def test_the_interior_is_read_under_sdpa_too(self) -> None:
+        """The module splits per image under every implementation but flash, so its values do not need eager."""
+        encoding = self.encoding()
+        read: list[torch.Tensor] = []
+        for implementation in ("eager", "sdpa"):
+            model = StandardizedTransformer(
+                tiny_vision_model(self.family, attn_implementation=implementation), processor=self.model.processor
+            )
+            attention = model.vision.layers[self.FULL_ATTENTION_BLOCK].self_attn
+            with model.trace(encoding):
+                read.append(attention.attention_queries.save())
+                read.append(attention.attention_head_outputs.save())
+        close(read[2], read[0], what="queries under sdpa vs eager")
+        close(read[3], read[1], what="head outputs under sdpa vs eager")
+
+    def test_no_pattern_and_no_image_size(self) -> None:
+        with raises(Unavailable, "cu_seqlens"):
+            self.model.vision.layers[0].self_attn.attention_probabilities
+        with raises(Unavailable, "any resolution"):
+            self.model.vision.image_size
+
+    def test_sizes_are_the_served_widths(self) -> None:
+        vision = self.model.vision
+        with self.model.trace(self.encoding()):
+            patches = vision.patch_embeddings.save()
+            queries = vision.layers[0].self_attn.attention_queries.save()
+            neurons = vision.layers[0].mlp.mlp_neurons.save()
+        assert patches.shape[-1] == vision.vision_hidden_size
+        assert neurons.shape[-1] == vision.intermediate_size
+        assert queries.shape[1] == vision.num_heads and queries.shape[-1] == vision.head_dim
+
+    def test_the_merger_folds_the_tower_output_into_the_image_tokens(self) -> None:
+        encoding = self.encoding()
+        vision = self.model.vision
+        with self.model.trace(encoding):
+            entering = self.model.projector.input.save()
+            leaving = self.model.projector.output.save()
+            tower = vision.tower_output.save()
+            features = vision.image_features.save()
+        close(entering, tower[0], what="projector.input vs vision.tower_output")
+        assert features.shape[0] == tower.shape[1] // vision.spatial_merge_size**2 == leaving.shape[0]
+        close(features, self.merged_in_token_order(leaving), what="image_features vs the merger's output")
+
+    def windows(self, encoding: Any) -> tuple[torch.Tensor, list[int]]:
+        """Qwen2.5-VL's window order of the merged squares, and each window's patch count, read off its forward."""
+        with self.model.trace(encoding):
+            order, bounds = self.model.vision.source.get_vision_window_index_0.output
+            order, bounds = order.save(), bounds.save()
+        return order, torch.as_tensor(bounds).unique_consecutive().diff().tolist()
+
+    def merged_in_token_order(self, merged: torch.Tensor) -> torch.Tensor:
+        """The merger's output in the order of the image tokens: its own, unless the tower attends in windows."""
+        if self.model.vision.window_size is None:
+            return merged
+        order, _ = self.windows(self.encoding())
+        return merged[order.argsort()]

@@ -12,13 +12,14 @@ from nnterp import ImageScatter, Vision, VisionLayer, VisionMlp
 from nnterp_attention.vision import VisionAttention
 
 MODEL_TYPES = ("llava",)
-ENVOYS = {
+#: CLIP's vision tower, which the LLaVA line shares.
+CLIP_ENVOYS = {
     CLIP.CLIPVisionModel: Vision,
     CLIP.CLIPEncoderLayer: VisionLayer,
     CLIP.CLIPAttention: VisionAttention,
     CLIP.CLIPMLP: VisionMlp,
-    MODELING.LlavaModel: ImageScatter,
 }
+ENVOYS = {**CLIP_ENVOYS, MODELING.LlavaModel: ImageScatter}
 #: The tower's block spells its norms and MLP its own way, as CLIP does everywhere.
 CLIP_RENAME = {
     "encoder.layers": "layers",
