@@ -1,7 +1,7 @@
 """Qwen3.5 (dense): three gated-DeltaNet blocks in four, the rest softmax attention.
 
-The multimodal checkpoints (``qwen3_5``) load as their language model for text
-generation, which is this family too.
+The multimodal checkpoints (``qwen3_5``) are the ``qwen3_5`` family, which
+serves this one's envoys on its text model.
 """
 
 from transformers.models.qwen3_5 import modeling_qwen3_5 as MODELING
@@ -11,7 +11,7 @@ from nnterp_attention import Attention
 from nnterp_deltanet.blocks import HybridLayer
 from nnterp_deltanet.linear_attention import LinearAttention
 
-MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
+MODEL_TYPES = ("qwen3_5_text",)
 ENVOYS = {
     MODELING.Qwen3_5DecoderLayer: HybridLayer,
     MODELING.Qwen3_5GatedDeltaNet: LinearAttention,
