@@ -17,6 +17,7 @@ from transformers.models.siglip import modeling_siglip as SIGLIP
 from nnterp import ImageScatter, Vision, VisionLayer, VisionMlp
 from nnterp_attention.vision import VisionAttention
 
+from . import gemma3_text
 from .llava import CLIP_RENAME
 
 MODEL_TYPES = ("gemma3",)
@@ -32,18 +33,7 @@ RENAME = {"model.vision_tower": "vision", "model.multi_modal_projector": "projec
 IMAGE_TOKENS = ("<image_soft_token>", "<start_of_image>", "<end_of_image>")
 IMAGE_PROMPT = "<start_of_image>"
 TINY_CONFIG = dict(
-    text_config=dict(
-        model_type="gemma3_text",
-        vocab_size=80,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        sliding_window=64,  # longer than the test prompts' text, as in gemma3_text
-        layer_types=["sliding_attention", "full_attention"],
-    ),
+    text_config={**gemma3_text.TINY_CONFIG, "model_type": "gemma3_text", "vocab_size": 80},
     vision_config=dict(
         model_type="siglip_vision_model",
         hidden_size=16,

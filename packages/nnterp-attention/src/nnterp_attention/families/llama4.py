@@ -21,6 +21,8 @@ from transformers.models.llama4 import modeling_llama4 as MODELING
 from nnterp import TupleLayer, Vision, VisionLayer, VisionMlp
 from nnterp_attention.vision import VisionAttention
 
+from . import llama4_text
+
 
 class Llama4Vision(Vision):
     """Llama 4's tower: its patch embedding is an unfold and a linear, its stream leaves through ``layernorm_post``."""
@@ -78,21 +80,7 @@ IMAGE_TOKENS = (
 )
 IMAGE_PROMPT = "<|image|>"
 TINY_CONFIG = dict(
-    text_config=dict(
-        model_type="llama4_text",
-        vocab_size=84,
-        hidden_size=32,
-        intermediate_size=32,
-        intermediate_size_mlp=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        interleave_moe_layer_step=2,
-        max_position_embeddings=64,
-    ),
+    text_config={**llama4_text.TINY_CONFIG, "model_type": "llama4_text", "vocab_size": 84},
     vision_config=dict(
         hidden_size=16,
         intermediate_size=64,

@@ -18,6 +18,8 @@ from nnterp import ImageScatter, VisionLayer, VisionMlp
 from nnterp.components.pixtral import PixtralVision
 from nnterp_attention.vision import VisionAttention
 
+from . import mistral
+
 #: transformers resolves the saved PixtralProcessor only with torchvision.
 PROCESSOR_NEEDS_TORCHVISION = True
 MODEL_TYPES = ("mistral3",)
@@ -41,17 +43,7 @@ IMAGE_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
 IMAGE_PROMPT = "[IMG]"
 #: Patches of 8 pixels merged 2 x 2: the processor resizes each image to a multiple of 16 pixels, at most 64.
 TINY_CONFIG = dict(
-    text_config=dict(
-        model_type="mistral",
-        vocab_size=80,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        sliding_window=None,
-    ),
+    text_config={**mistral.TINY_CONFIG, "model_type": "mistral", "vocab_size": 80, "sliding_window": None},
     vision_config=dict(
         model_type="pixtral",
         hidden_size=16,

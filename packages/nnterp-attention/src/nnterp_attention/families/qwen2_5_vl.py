@@ -16,7 +16,7 @@ from nnterp import ImageScatter, Layer, Mlp, QwenVision, VisionLayer, VisionMlp
 from nnterp_attention.attention import Attention
 from nnterp_attention.qwen_vision import QwenVisionAttention, images_only
 
-from .qwen2_vl import QWEN_VISION_RENAME, TEXT_IDS
+from .qwen2_vl import QWEN_VISION_RENAME, TINY_TEXT
 
 #: transformers rebuilds a saved Qwen-VL processor only with its video processor, which needs torchvision.
 PROCESSOR_NEEDS_TORCHVISION = True
@@ -35,16 +35,7 @@ RENAME = QWEN_VISION_RENAME
 IMAGE_TOKENS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
 IMAGE_PROMPT = "<|vision_start|><|image_pad|><|vision_end|>"
 TINY_CONFIG = dict(
-    text_config=dict(
-        vocab_size=80,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-        **TEXT_IDS,
-    ),
+    text_config=TINY_TEXT,
     vision_config=dict(
         depth=2,
         hidden_size=32,

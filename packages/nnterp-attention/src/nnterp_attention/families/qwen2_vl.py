@@ -46,17 +46,19 @@ IMAGE_TOKENS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
 IMAGE_PROMPT = "<|vision_start|><|image_pad|><|vision_end|>"
 #: The text model's ids, which its config otherwise sets to the real vocabulary's.
 TEXT_IDS = dict(pad_token_id=0, eos_token_id=1, bos_token_id=2)
+#: The tiny text model of the Qwen-VL line: M-RoPE's three sections share a 16-wide head's 8 frequencies.
+TINY_TEXT = dict(
+    vocab_size=80,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+    **TEXT_IDS,
+)
 TINY_CONFIG = dict(
-    text_config=dict(
-        vocab_size=80,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-        **TEXT_IDS,
-    ),
+    text_config=TINY_TEXT,
     vision_config=dict(
         depth=2,
         embed_dim=32,

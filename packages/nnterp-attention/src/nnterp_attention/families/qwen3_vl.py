@@ -21,7 +21,7 @@ from nnterp import ImageScatter, Layer, Mlp, QwenVision, VisionLayer, VisionMlp
 from nnterp_attention.attention import Attention
 from nnterp_attention.qwen_vision import QwenVisionAttention, images_only
 
-from .qwen2_vl import QWEN_VISION_RENAME, TEXT_IDS
+from .qwen2_vl import QWEN_VISION_RENAME, TINY_TEXT
 
 #: transformers rebuilds a saved Qwen-VL processor only with its video processor, which needs torchvision.
 PROCESSOR_NEEDS_TORCHVISION = True
@@ -41,17 +41,11 @@ RENAME = {**QWEN_VISION_RENAME, "linear_fc2": "down_proj"}
 IMAGE_TOKENS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
 IMAGE_PROMPT = "<|vision_start|><|image_pad|><|vision_end|>"
 TINY_CONFIG = dict(
-    text_config=dict(
-        vocab_size=80,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
-        **TEXT_IDS,
-    ),
+    text_config={
+        **TINY_TEXT,
+        "head_dim": 16,
+        "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+    },
     vision_config=dict(
         depth=2,
         hidden_size=32,
