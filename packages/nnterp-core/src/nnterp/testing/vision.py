@@ -126,11 +126,15 @@ class VisionSuite(Suite):
     def same_model(cls, loaded: StandardizedTransformer) -> StandardizedTransformer:
         return StandardizedTransformer(tiny_vision_model(cls.family, **cls.load), processor=loaded.processor)
 
+    def prompt(self, count: int = 2) -> str:
+        """A prompt marking ``count`` images."""
+        return "hi " + " and ".join([self.model.family.IMAGE_PROMPT] * count) + " there"
+
     def encoding(self, count: int = 2) -> Any:
         """The processor's output for a prompt carrying the first ``count`` of ``SIZES``."""
-        family = self.model.family
-        prompt = "hi " + " and ".join([family.IMAGE_PROMPT] * count) + " there"
-        return self.model.processor(text=prompt, images=tiny_images(*self.SIZES[:count]), return_tensors="pt")
+        return self.model.processor(
+            text=self.prompt(count), images=tiny_images(*self.SIZES[:count]), return_tensors="pt"
+        )
 
     def expected_patches(self, encoding: Any) -> tuple[int, int]:
         """The (images, patches) axes of ``patch_embeddings`` the processor's output implies.
@@ -234,6 +238,13 @@ class VisionSuite(Suite):
                 features.append(self.model.vision.image_features.save())
         counts = [len(rows) for rows in features]
         assert counts[1] > counts[0] > 0, f"image tokens for one image, two images: {counts}"
+
+    def test_a_trace_takes_text_and_images_by_keyword_as_the_processor_output(self) -> None:
+        with self.model.trace(self.encoding()):
+            expected = self.model.logits.save()
+        with self.model.trace(text=self.prompt(), images=tiny_images(*self.SIZES)):
+            logits = self.model.logits.save()
+        close(logits, expected, what="logits of trace(text=, images=) vs trace(processor output)")
 
     def test_generate_sees_the_images_and_serves_their_features_on_the_prompt_step(self) -> None:
         encoding = self.encoding()
