@@ -19,9 +19,8 @@ Target: values <= 1.10x plain.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
+import harness
 import torch
 
 from nnterp import StandardizedTransformer
@@ -80,11 +79,11 @@ def main() -> None:
     inputs = vlm.processor(text=prompt, images=tiny_images(*sizes), return_tensors="pt")
     patches = int(inputs["image_grid_thw"].prod(-1).sum())
 
-    def plain() -> None:
+    def plain(_: int) -> None:
         with torch.no_grad():
             vlm._module(**inputs)
 
-    def values() -> None:
+    def values(_: int) -> None:
         vision = vlm.vision
         with torch.no_grad(), vlm.trace(inputs):
             vision.patch_embeddings.save()
@@ -99,16 +98,8 @@ def main() -> None:
             vision.image_features.save()
             vision.image_token_mask.save()
 
-    runs = {"plain": plain, "values": values}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for run in runs.values():
-        run()
-    for _ in range(args.repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    plain_time, values_time = (statistics.median(times[name]) for name in runs)
+    times = harness.medians({"plain": plain, "values": values}, [patches], args.repeats)
+    plain_time, values_time = times["plain", patches], times["values", patches]
     print(
         f"Qwen2.5-VL tower ({VISION['depth']} blocks, width {VISION['hidden_size']}), {len(sizes)} images "
         f"({patches} patches), {torch.get_num_threads()} thread(s), median (seconds)"

@@ -8,20 +8,13 @@ from transformers import AutoModelForImageTextToText
 
 from nnterp import StandardizedTransformer, UnknownModelType
 from nnterp.cli import support
-from nnterp.families import qwen2
+from nnterp.families import llava, qwen2
 from nnterp.testing import close, tiny_config
 from nnterp.testing.vision import save_tiny_vision, tiny_images, tiny_processor, vision_tokenizer
 from nnterp_attention import Attention
 
-QWEN2_TEXT = dict(
-    model_type="qwen2",
-    vocab_size=80,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-)
+#: LLaVA's tiny text model, as a Qwen2.
+QWEN2_TEXT = {**llava.TINY_CONFIG["text_config"], "model_type": "qwen2"}
 
 
 def llava_over(text_config: dict) -> torch.nn.Module:

@@ -112,7 +112,7 @@ TOWER_ORDER = (
 
 
 class TowerPart(Standard):
-    """An envoy inside a vision tower: it serves nothing on a load no image reaches (``Vision.no_images``)."""
+    """A vision tower or an envoy inside one: it serves nothing on a load no image reaches (``Vision.no_images``)."""
 
     def absent(self) -> str | None:
         return tower(self).no_images()
@@ -163,16 +163,11 @@ def _no_scatter(vision: Vision) -> str | None:
     return None
 
 
-def _image_tokens(features: torch.Tensor) -> torch.Tensor:
-    """The features one row per image token, [image_tokens, hidden_size]: a view of the scattered tensor."""
-    return features.reshape(-1, features.shape[-1])
-
-
 class ImageFeatureRows(EProperty):
-    """``image_features``: served one row per image token, put back in the shape the wrapper scatters."""
+    """``image_features``: served one row per image token (a view of the scattered tensor), put back in its shape."""
 
     def _rows(self, obj: Envoy, element: Any) -> Any:
-        return _image_tokens(element) if isinstance(element, torch.Tensor) else element
+        return element.reshape(-1, element.shape[-1]) if isinstance(element, torch.Tensor) else element
 
     def _whole(self, obj: Envoy, current: Any, value: Any) -> Any:
         if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor):
@@ -180,7 +175,7 @@ class ImageFeatureRows(EProperty):
         return value
 
 
-class Vision(Standard):
+class Vision(TowerPart):
     """A multimodal model's vision tower (``model.vision``): its blocks are ``layers``, its sizes its own config's.
 
     ``patch_embeddings`` is the patch embedding's output, one row per patch,
@@ -265,21 +260,15 @@ class Vision(Standard):
     def no_images(self) -> str | None:
         """Why no image reaches the model this tower belongs to, or ``None``: the one place that decides."""
         root = self.root
-        broken = getattr(getattr(root, "family", None), "NO_IMAGES", None)
+        family = getattr(root, "family", None)
+        broken = getattr(family, "NO_IMAGES", None)
         if broken is not None:
             return broken
         if getattr(root, "processor", None) is None:
             return NO_PROCESSOR.format(task=getattr(root, "task", None))
         if not isinstance(getattr(root, "projector", None), Envoy):
-            return NO_PROJECTOR.format(family=getattr(getattr(root, "family", None), "__name__", "?"))
+            return NO_PROJECTOR.format(family=getattr(family, "__name__", "?"))
         return None
-
-    def absent(self) -> str | None:
-        return self.no_images()
-
-    def order_hint(self, name: str) -> str:
-        """What a read the run did not serve is told: the tower runs on images only, before the text model."""
-        return TOWER_ORDER
 
     def support(self, layer: int | None = None) -> dict[str, Any]:  # type: ignore[override]
         """Which tower values this load has, as ``StandardizedTransformer.support`` reports the text model's.

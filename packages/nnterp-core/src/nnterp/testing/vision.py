@@ -114,9 +114,9 @@ class VisionSuite(Suite):
 
     @classmethod
     def load_saved(cls, directory: str) -> StandardizedTransformer:
-        if getattr(_family(cls.family), "PROCESSOR_NEEDS_TORCHVISION", False):
-            return StandardizedTransformer(directory, processor=tiny_processor(cls.family), **cls.load)
-        return StandardizedTransformer(directory, **cls.load)
+        needs_torchvision = getattr(_family(cls.family), "PROCESSOR_NEEDS_TORCHVISION", False)
+        processor = tiny_processor(cls.family) if needs_torchvision else None
+        return StandardizedTransformer(directory, processor=processor, **cls.load)
 
     @classmethod
     def save_model(cls, directory: str) -> None:
