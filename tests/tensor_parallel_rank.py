@@ -1,40 +1,54 @@
 """One rank of a tensor-parallel run (``torchrun``, see test_tensor_parallel): every value support() lists, and writes.
 
-Rank 0 saves what it read: the values served, the reasons of those refused,
-the logits after a write by assignment and after the same write in place.
+``python tensor_parallel_rank.py DIRECTORY OUT [--route] VALUE...``: rank 0
+saves what it read (the values served, the reasons of those refused) and,
+for each ``VALUE`` (``"layer.owner.name"``), the logits after halving it by
+assignment and after halving it in place under ``torch.no_grad()``.
+``--route`` routes the family's recurrent kernels to torch first, so the
+per-token states are served too.
 """
 
-import sys
+import argparse
 
 import torch
 import torch.distributed as dist
 from transformers.distributed import DistributedConfig
 
-from nnterp import StandardizedTransformer
-from nnterp.testing import PROMPT
+from nnterp import StandardizedTransformer, route_kernels
+from nnterp.testing import PROMPT, block_value
 
-directory, out = sys.argv[1], sys.argv[2]
-model = StandardizedTransformer(directory, distributed_config=DistributedConfig(tp_size=2), attn_implementation="eager")
+parser = argparse.ArgumentParser()
+parser.add_argument("directory")
+parser.add_argument("out")
+parser.add_argument("--route", action="store_true")
+parser.add_argument("written", nargs="*")
+arguments = parser.parse_intermixed_args()
+model = StandardizedTransformer(
+    arguments.directory, distributed_config=DistributedConfig(tp_size=2), attn_implementation="eager"
+)
+if arguments.route:
+    route_kernels(model.family, "torch")
 served, refused = {}, {}
 for layer in range(model.num_layers):
     for name, reason in model.support(layer=layer).items():
-        owner, _, value = name.rpartition(".")
-        block = model.layers[layer]
+        key = f"{layer}.{name}"
         if reason is not None:
-            refused[f"{layer}.{name}"] = reason
+            refused[key] = reason
             continue
         with model.trace(PROMPT):
-            saved = getattr(getattr(block, owner) if owner else block, value).save()
-        served[f"{layer}.{name}"] = saved
+            served[key] = getattr(*block_value(model, layer, name)).save()
+assigned, edited = {}, {}
+for key in arguments.written:
+    layer, name = key.split(".", 1)
+    owner, value = block_value(model, int(layer), name)
+    with model.trace(PROMPT):
+        setattr(owner, value, getattr(owner, value) * 0.5)
+        assigned[key] = model.logits.save()
+    with torch.no_grad(), model.trace(PROMPT):
+        getattr(owner, value)[:] *= 0.5
+        edited[key] = model.logits.save()
 with model.trace(PROMPT):
-    model.layers[0].mlp.mlp_output = model.layers[0].mlp.mlp_output * 0.5
-    written = model.logits.save()
-with torch.no_grad(), model.trace(PROMPT):
-    model.layers[0].mlp.mlp_output[:] *= 0.5
-    edited = model.logits.save()
-with model.trace(PROMPT):
-    mlp = model.layers[0].mlp
-    projected = mlp.down_proj(torch.ones(1, 3, mlp.intermediate_size)).save()
+    projected = model.lm_head(torch.ones(1, 3, model.hidden_size)).save()
 if dist.get_rank() == 0:
-    read = {"served": served, "refused": refused, "written": written, "edited": edited, "projected": projected}
-    torch.save(read, out)
+    read = {"served": served, "refused": refused, "assigned": assigned, "edited": edited, "projected": projected}
+    torch.save(read, arguments.out)

@@ -16,7 +16,7 @@ import torch
 
 import nnterp
 from nnterp import StandardizedTransformer
-from nnterp.testing import PROMPT, close, save_tiny
+from nnterp.testing import PROMPT, block_value, close, save_tiny
 
 FAMILIES = ("llama", "qwen3_next", "mamba", "mamba2")
 PLACEMENTS = ("a block on disk", "the embedding on disk", "auto within max_memory", "cpu_offload")
@@ -79,10 +79,8 @@ def served(model: StandardizedTransformer) -> list[tuple[int, str]]:
 
 
 def read(model: StandardizedTransformer, layer: int, name: str) -> torch.Tensor:
-    owner, _, value = name.rpartition(".")
-    block = model.layers[layer]
     with model.trace(PROMPT):
-        saved = getattr(getattr(block, owner) if owner else block, value).save()
+        saved = getattr(*block_value(model, layer, name)).save()
     return saved
 
 

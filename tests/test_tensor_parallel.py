@@ -1,12 +1,15 @@
-"""A model split by transformers' tensor parallelism serves every value whole or refuses it, never one rank's slice.
+"""A model split by transformers' tensor parallelism serves every value whole, and takes every write whole.
 
 ``torchrun --nproc-per-node 2`` on the CPU (gloo) runs ``tensor_parallel_rank.py``
-on a tiny Llama with two key/value heads; what rank 0 read is compared with
-one process reading the same checkpoint. The values on the residual stream and
-the sublayers' outputs come back whole and equal; those laid out over a split
-axis (heads, the MLP's neurons) are refused with the reason; a write, by
-assignment or in place under ``torch.no_grad()``, gives the logits one process
-gives, and a split module called on a whole tensor returns it whole.
+on a tiny Llama and a tiny Qwen3-Next, each with two key/value heads; what rank
+0 read is compared with one process reading the same checkpoint. Between them
+the values cover the three ways a rank holds a value: whole (the residual
+stream; Qwen3-Next's gated DeltaNet, whose projections gather their output), a
+slice of one axis (the attention's heads, the MLP's neurons), and a term of a
+sum (each expert slot's output inside the experts, which the ranks
+all-reduce). A write, by assignment or in place under ``torch.no_grad()``,
+gives the logits one process gives, and a split module called on a whole
+tensor returns it whole.
 """
 
 from __future__ import annotations
@@ -22,26 +25,41 @@ import torch
 import transformers
 from packaging.version import Version
 
-from nnterp import StandardizedTransformer
-from nnterp.tensor_parallel import WHOLE_AXES
-from nnterp.testing import PROMPT, close, save_tiny
+from nnterp import StandardizedTransformer, route_kernels
+from nnterp.testing import PROMPT, block_value, close, save_tiny
 
 RANK = pathlib.Path(__file__).with_name("tensor_parallel_rank.py")
 
-pytestmark = pytest.mark.skipif(
-    Version(transformers.__version__) < Version("5.19"),
-    reason="nnsight 0.8 runs tensor parallelism on transformers 5.19 and later only",
-)
+#: family -> (tiny config overrides, route its kernels to torch, the values each run writes)
+MODELS = {
+    "llama": (
+        {},
+        False,
+        ["0.self_attn.attention_queries", "1.self_attn.attention_probabilities", "0.mlp.mlp_activation"],
+    ),
+    "qwen3_next": (
+        {"num_attention_heads": 4, "num_key_value_heads": 2},
+        True,
+        [
+            "1.self_attn.attention_values",
+            "0.mlp.expert_outputs",
+            "0.linear_attn.attention_keys",
+            "0.linear_attn.decays",
+        ],
+    ),
+}
 
 
-@pytest.fixture(scope="module")
-def split(tmp_path_factory):
-    """The checkpoint, and what rank 0 of a two-rank run read from it."""
-    directory = save_tiny("llama", str(tmp_path_factory.mktemp("llama")))
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def split(request, tmp_path_factory):
+    """The checkpoint, what rank 0 of a two-rank run read from it, the values written, and a one-process load."""
+    overrides, route, written = MODELS[request.param]
+    directory = save_tiny(request.param, str(tmp_path_factory.mktemp(request.param)), **overrides)
     out = tmp_path_factory.mktemp("rank0") / "read.pt"
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     # --standalone: a free port of its own, not 29500, which the previous run may still hold.
     command = [torchrun, "--standalone", "--nproc-per-node", "2", str(RANK), directory, str(out)]
+    command += ["--route", *written] if route else written
     environment = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     for _ in range(2):
         run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
@@ -49,57 +67,63 @@ def split(tmp_path_factory):
         if run.returncode == 0 or "exitcode: -6" not in run.stderr:
             break
     assert run.returncode == 0, run.stderr[-4000:]
-    return directory, torch.load(out)
-
-
-def test_served_values_are_whole_and_equal_one_process(split):
-    directory, read = split
     model = StandardizedTransformer(directory, attn_implementation="eager")
+    if route:
+        route_kernels(model.family, "torch")
+    yield torch.load(out), written, model
+    if route:
+        route_kernels(model.family, "default")
+
+
+def test_every_value_is_served_whole_and_equal_to_one_process(split):
+    read, _, model = split
     assert read["served"], "nothing was served under tensor parallelism"
+    for key, reason in read["refused"].items():
+        assert "tensor parallelism" not in reason, f"{key} is refused on the split model: {reason}"
+        layer, name = key.split(".", 1)
+        assert model.support(layer=int(layer))[name] == reason, f"{key} is refused only on the split model"
     for key, value in read["served"].items():
         layer, name = key.split(".", 1)
-        owner, _, attribute = name.rpartition(".")
-        block = model.layers[int(layer)]
         with model.trace(PROMPT):
-            whole = getattr(getattr(block, owner) if owner else block, attribute).save()
+            whole = getattr(*block_value(model, int(layer), name)).save()
+        if whole is None:
+            assert value is None, f"{key}: served on rank 0 where one process has none"
+            continue
         assert value.shape == whole.shape, f"{key}: {tuple(value.shape)} on rank 0, {tuple(whole.shape)} whole"
         close(value, whole, what=f"{key} on rank 0")
 
 
-def test_values_over_a_split_axis_are_refused_with_the_reason(split):
-    directory, read = split
-    model = StandardizedTransformer(directory, attn_implementation="eager")
-    for key in list(read["served"]) + list(read["refused"]):
-        layer, name = key.split(".", 1)
-        owner, _, attribute = name.rpartition(".")
-        block = model.layers[int(layer)]
-        dims = type(getattr(block, owner) if owner else block).values()[attribute].dims
-        if set(dims) <= WHOLE_AXES:
-            assert key in read["served"], f"{key} ({dims}) is whole on every rank but was refused"
-        else:
-            assert key in read["refused"], f"{key} ({dims}) is split across ranks but was served"
-            assert "tensor parallelism" in read["refused"][key] and "2 ranks" in read["refused"][key]
-    assert any(".self_attn.attention_probabilities" in key for key in read["refused"])
-
-
 def test_a_write_gives_the_logits_one_process_gives(split):
-    directory, read = split
-    model = StandardizedTransformer(directory, attn_implementation="eager")
-    with model.trace(PROMPT):
-        model.layers[0].mlp.mlp_output = model.layers[0].mlp.mlp_output * 0.5
-        written = model.logits.save()
+    read, written, model = split
     with model.trace(PROMPT):
         clean = model.logits.save()
-    assert not torch.allclose(written, clean)
-    close(read["written"], written, what="logits after assigning mlp_output on rank 0")
-    close(read["edited"], written, what="logits after editing mlp_output in place under no_grad on rank 0")
+    for key in written:
+        layer, name = key.split(".", 1)
+        owner, value = block_value(model, int(layer), name)
+        with model.trace(PROMPT):
+            setattr(owner, value, getattr(owner, value) * 0.5)
+            logits = model.logits.save()
+        assert not torch.allclose(logits, clean), f"halving {key} changed nothing in one process"
+        close(read["assigned"][key], logits, what=f"logits after assigning {key} on rank 0")
+        close(read["edited"][key], logits, what=f"logits after editing {key} in place under no_grad on rank 0")
 
 
 def test_a_split_module_called_on_a_whole_tensor_returns_it_whole(split):
-    """nnsight's envoys for the split modules stay in place beside the standard ones (a row-parallel down_proj)."""
-    directory, read = split
-    model = StandardizedTransformer(directory, attn_implementation="eager")
-    mlp = model.layers[0].mlp
+    """nnsight's envoys for the split modules stay in place beside the standard ones."""
+    read, _, model = split
     with model.trace(PROMPT):
-        projected = mlp.down_proj(torch.ones(1, 3, mlp.intermediate_size)).save()
-    close(read["projected"], projected, what="down_proj called on rank 0")
+        projected = model.lm_head(torch.ones(1, 3, model.hidden_size)).save()
+    close(read["projected"], projected, what="lm_head called on rank 0")
+
+
+@pytest.mark.skipif(
+    Version(transformers.__version__) >= Version("5.19"), reason="nnsight traces expert parallelism from 5.19 on"
+)
+def test_expert_parallelism_before_5_19_is_refused_before_the_model_loads(tmp_path):
+    from transformers.distributed import DistributedConfig
+
+    directory = save_tiny("qwen3_next", str(tmp_path), num_attention_heads=4, num_key_value_heads=2)
+    with pytest.raises(
+        ValueError, match=r"expert parallelism \(enable_expert_parallel, ep_size\) needs transformers 5.19"
+    ):
+        StandardizedTransformer(directory, distributed_config=DistributedConfig(tp_size=2, enable_expert_parallel=True))

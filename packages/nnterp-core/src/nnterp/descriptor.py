@@ -46,7 +46,7 @@ from nnsight.intervention.util import first_input, replace_first_input
 
 from . import layouts
 from .order import FORWARD_ORDER, OrderError, passed, standard_path
-from .tensor_parallel import sliced_reason
+from .tensor_parallel import POSITION_AXES, Fragment, SplitValueError, fragment, sliced_reason
 
 Reason = "str | Callable[[Envoy], str | None] | None"
 Select = "int | str | ArgumentSelection | Callable[[Envoy], int | str | ArgumentSelection | None] | None"
@@ -191,8 +191,8 @@ class EProperty(eproperty):
 
         Why the host serves nothing at all first (``Standard.absent``: a vision
         tower no image reaches); then the family's reason; then, on a model
-        split by tensor parallelism, the slice a rank holds of a split axis
-        (``nnterp.tensor_parallel``).
+        split by tensor parallelism, a value without a layout, whose rank's
+        piece could not be told from the whole (``nnterp.tensor_parallel``).
         """
         absent = getattr(type(obj), "absent", None)
         whole = absent(obj) if absent is not None else None
@@ -213,17 +213,20 @@ class EProperty(eproperty):
     def layout(self) -> Any:
         """The value's shape as a jaxtyping type (``Residual``, ``Pattern``, ...), or ``None``.
 
-        Read off the return annotation of the function that defines the value.
-        ``isinstance(tensor, value.layout)`` checks rank and dtype; ``dims``
-        names the axes.
+        Read off the return annotation of the function that defines the value;
+        a value that can be ``None`` (``State | None``) has the layout it has
+        when it is a tensor. ``isinstance(tensor, value.layout)`` checks rank
+        and dtype; ``dims`` names the axes.
         """
         define = self._define
         if self._layout is not None or define is None:
             return self._layout
         try:
-            return typing.get_type_hints(define).get("return")
+            hint = typing.get_type_hints(define).get("return")
         except Exception:
             return None
+        tensors = [kind for kind in typing.get_args(hint) if kind is not type(None)]
+        return tensors[0] if len(tensors) == 1 and len(typing.get_args(hint)) == 2 else hint
 
     @property
     def dims(self) -> tuple[str, ...] | None:
@@ -284,13 +287,27 @@ class EProperty(eproperty):
         self._check_ahead(obj, location)
         mediator = Mediator.current(location)
         occurrence = mediator.wanted(location)
-        if self._transform is not None:
-            waiting = mediator.transform
-            if waiting is not None and waiting.key == (self, location, occurrence):
-                return waiting.view
+        waiting = mediator.transform
+        if waiting is not None and waiting.key == (self, location, occurrence):
+            return waiting.view
         raw = Mediator.value(location)
         attribute, element = self._attribute(obj), self._element(obj)
         value = self._define(obj, self._rows(obj, pick(attribute, element, raw)))
+        split = self._fragment(obj, location, value)
+        if split is not None:
+            whole = split.whole(value)
+            version = whole._version
+
+            def write_back_piece() -> Any:
+                # Only an edit in place sends the piece back: an unedited read leaves the model's tensor untouched.
+                if whole._version != version:
+                    value.copy_(split.piece(whole))
+                if self._transform is None:
+                    return raw
+                return place(attribute, element, raw, self._transform(obj, value, pick(attribute, element, raw)))
+
+            mediator.transform = WriteBack(write_back_piece, whole, self, location, occurrence)
+            return whole
         if self._transform is not None:
 
             def write_back() -> Any:
@@ -307,7 +324,13 @@ class EProperty(eproperty):
             location = self._location(obj)
             self._check_ahead(obj, location)
             raw = Mediator.value(location)
-            self.check_layout(obj, self._serve(obj, raw), value)
+            current = self._serve(obj, raw)
+            split = self._fragment(obj, location, current)
+            if split is None:
+                self.check_layout(obj, current, value)
+            else:
+                self.check_layout(obj, current.new_empty(split.whole_shape(current), device="meta"), value)
+                value = split.piece(value)
             if self._postprocess is not None:
                 value = self._postprocess(obj, value)
             value = self._whole(obj, pick(self._attribute(obj), self._element(obj), raw), value)
@@ -340,6 +363,36 @@ class EProperty(eproperty):
         """What an out-of-order request for this value says: the value, the forward's order, the fix."""
         order = getattr(obj, "order_hint", lambda name: FORWARD_ORDER)(self.name)
         return f"{self.name} on {standard_path(obj)} was asked for after the forward produced it{detail}; {order}"
+
+    def _fragment(self, obj: Envoy, location: str, local: Any) -> Fragment | None:
+        """How the ranks of a model split by tensor parallelism hold ``local``, this value's piece on this rank.
+
+        ``None`` when the value is whole (always, on a model that is not split).
+        """
+        try:
+            return fragment(obj.root, location, local, lambda: self._model_sizes(obj, local))
+        except SplitValueError as error:
+            raise Unavailable(
+                f"{self.name} on {standard_path(obj)}: {error}; read it on a model loaded without distributed_config"
+            ) from None
+
+    def _model_sizes(self, obj: Envoy, local: torch.Tensor) -> tuple[int | None, ...]:
+        """The value's axis sizes in the model, ``None`` for the positions of the input (and axes no envoy sizes)."""
+        from .components.standard import axis_size
+
+        dims = self.dims or ()
+        if len(dims) != local.dim():
+            raise SplitValueError(f"its layout has {len(dims)} axes and the model's tensor {local.dim()}")
+
+        def size(axis: str) -> int | None:
+            if axis in POSITION_AXES:
+                return None
+            try:
+                return axis_size(obj, axis)
+            except ValueError:
+                return None
+
+        return tuple(size(axis) for axis in dims)
 
     def _check_ahead(self, obj: Envoy, location: str) -> None:
         reached = passed(location)

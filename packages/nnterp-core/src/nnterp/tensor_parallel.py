@@ -1,35 +1,91 @@
-"""Tensor parallelism: which values a model split across ranks serves, and the shim nnsight needs for it.
+"""Tensor parallelism: how a rank's piece of a value of a split model is made whole, and put back.
 
 Under transformers' tensor parallelism (``distributed_config=``, one process
-per rank) each rank holds a slice of every split projection: a block's
-attention computes ``num_heads / tp_size`` heads, its MLP
-``intermediate_size / tp_size`` neurons, and the projections after them
-all-reduce, so the residual stream, the sublayers' contributions and the
-logits are whole on every rank. nnsight shows whole tensors at the boundaries
-of the split modules (its TP envoys); a value read inside a module, at one of
-its operations (the queries at the attention interface, a recurrent mixer's
-kernel arguments), is this rank's slice. nnterp does not gather those yet, so
-they are unavailable under tensor parallelism, with the reason, rather than
-served as a slice: the values whose layout has an axis other than the batch,
-the positions, the hidden width, the vocabulary, a top-k slot or a residual
-stream.
+per rank) each rank holds a piece of every split projection. nnsight shows
+whole tensors at the boundaries of the split modules (its TP envoys), but a
+value read inside a forward, at one of its operations, is what this rank
+computed there, which is one of three things:
+
+- whole: every rank computed all of it (the residual stream, a mixer whose
+  projections gather their output, as Qwen3-Next's gated DeltaNet does);
+- a slice: a column-parallel projection split its output, so the rank holds
+  ``1 / ranks`` of one axis, contiguous and in rank order (the heads at the
+  attention interface, the MLP's activation);
+- a term of a sum: inside a module whose output the ranks all-reduce
+  (transformers' ``rowwise`` and ``moe_tp_experts`` styles), the rank holds
+  its share of the sum (each slot's expert output).
+
+:func:`fragment` says which, from the module styles nnsight recorded and from
+the value's layout: an axis whose size on this rank is its size in the model
+divided by the ranks is the split one. nnterp then serves the value whole (an
+all-gather along that axis, or an all-reduce), and puts what is written back
+as this rank's piece (the slice again; or the whole on rank 0 and zeros
+elsewhere, which the module's own all-reduce sums to exactly the written
+value). Reading one is a collective: every rank must read the same values in
+the same order, which running the same trace on every rank does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from .layouts import BATCH, HIDDEN, KEY, QUERY, SEQ, STREAMS, TOP_K, VOCAB
+import torch
+from nnsight.modeling.tp import SIDES, device_mesh, gather, requested_expert_parallel, shard
 
-#: Axes every rank holds whole.
-WHOLE_AXES = frozenset({BATCH, SEQ, QUERY, KEY, HIDDEN, VOCAB, TOP_K, STREAMS})
+from .layouts import INPUT_AXES, KEY, QUERY
 
-SLICED = (
-    "the model is split across {ranks} ranks by tensor parallelism, and each holds a slice of this value's "
-    "{axes} axis; nnterp does not gather it, so it is not served rather than served as one rank's slice. "
-    "Read it on a model loaded without distributed_config, or read what the split modules return whole "
-    "(the sublayers' outputs, the residual stream, the logits)"
+#: The axes that are positions of the input: every rank holds them whole.
+POSITION_AXES = INPUT_AXES | {QUERY, KEY}
+
+UNKNOWN_LAYOUT = (
+    "the model is split across {ranks} ranks by tensor parallelism and this value has no layout to say which of "
+    "its axes a rank holds a slice of; read it on a model loaded without distributed_config"
 )
+
+
+class SplitValueError(RuntimeError):
+    """A value of a split model whose pieces cannot be told apart from its layout."""
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """How each rank holds a value of a split model: a slice along ``axis``, or, with ``axis`` ``None``, a term of a sum.
+
+    ``whole`` assembles the value from every rank's piece (a collective);
+    ``piece`` is this rank's piece of a whole value, what the model carries on
+    with.
+    """
+
+    model: Any
+    axis: int | None
+
+    def whole(self, local: torch.Tensor) -> torch.Tensor:
+        """The value every rank's ``local`` pieces make up."""
+        if self.axis is not None:
+            return gather(self.model, local, dim=self.axis)
+        from torch.distributed.tensor import DTensor, Partial
+
+        return DTensor.from_local(local, device_mesh(self.model), [Partial()], run_check=False).full_tensor()
+
+    def piece(self, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's piece of ``whole``."""
+        if self.axis is not None:
+            return shard(self.model, whole, dim=self.axis)
+        # nnsight's own way back for a term of a sum: the whole on rank 0 and zeros elsewhere, through an autograd
+        # function whose backward is the identity on every rank, so the ranks' graphs stay alike.
+        from nnsight.modeling.tp.fragments import _fragment_tensor
+        from torch.distributed.tensor import Partial
+
+        return _fragment_tensor(whole, device_mesh(self.model), Partial(), False)
+
+    def whole_shape(self, local: torch.Tensor) -> tuple[int, ...]:
+        """The shape of the value whose piece on this rank is ``local``."""
+        shape = list(local.shape)
+        if self.axis is not None:
+            shape[self.axis] *= ranks(self.model)
+        return tuple(shape)
 
 
 def ranks(model: Any) -> int:
@@ -38,9 +94,8 @@ def ranks(model: Any) -> int:
     Read off the loaded model's device mesh, or, before nnsight loads the
     weights, off the ``distributed_config`` it will load them with.
     """
-    module = model._module
-    mesh = getattr(module, "_device_mesh", None)
-    if mesh is not None and getattr(module, "_tp_plan", None):
+    mesh = device_mesh(model._module)
+    if mesh is not None:
         return mesh.size()
     config = getattr(model, "kwargs", {}).get("distributed_config")
     return getattr(config, "tp_size", None) or 1
@@ -49,24 +104,94 @@ def ranks(model: Any) -> int:
 def sliced_reason(dims: tuple[str, ...] | None, model: Any) -> str | None:
     """Why a value laid out over ``dims`` is not served on the model envoy ``model``, or ``None``."""
     split = ranks(model)
-    if split == 1:
+    if split == 1 or dims is not None:
         return None
-    axes = sorted(set(dims or ("unknown",)) - WHOLE_AXES)
-    return SLICED.format(ranks=split, axes=", ".join(axes)) if axes else None
+    return UNKNOWN_LAYOUT.format(ranks=split)
 
 
-def shim_nnsight() -> None:
-    """Give transformers' tensor-parallel module the names nnsight 0.8 imports from it.
+def fragment(model: Any, location: str, local: Any, sizes: Callable[[], tuple[int | None, ...]]) -> Fragment | None:
+    """How the ranks hold the value ``local`` read at ``location``, or ``None`` when it is whole (or not split).
 
-    nnsight reads a module's parallel style with
-    ``transformers.distributed.tensor_parallel._get_parameter_plan``, which
-    transformers 5.23 moved to ``parallel_utils``. (Before 5.19 nnsight
-    refuses tensor parallelism itself, naming the version it needs.) Remove
-    when nnsight follows.
+    ``sizes()`` are the value's axis sizes in the model, ``None`` for the
+    input's positions (asked only of a split model). A value read inside the forward of a module whose output the
+    ranks sum is a term of that sum; otherwise the one axis whose size on this
+    rank is ``1 / ranks`` of its size in the model is the split one.
+
+    Raises:
+        SplitValueError: the value's shape matches neither (a split of
+            several axes, or of one by another factor).
+    """
+    if not isinstance(local, torch.Tensor) or device_mesh(model._module) is None:
+        return None
+    if inside_summed_module(model, location):
+        return Fragment(model, None)
+    count, sizes = ranks(model), sizes()
+    split = [axis for axis, size in enumerate(sizes) if size is not None and local.shape[axis] != size]
+    if not split:
+        return None
+    if len(split) > 1 or local.shape[split[0]] * count != sizes[split[0]]:
+        raise SplitValueError(
+            f"a rank of the {count} holds {tuple(local.shape)} of a value whose model sizes are "
+            f"{tuple('*' if size is None else size for size in sizes)}: not one axis split {count} ways"
+        )
+    return Fragment(model, split[0])
+
+
+def inside_summed_module(model: Any, location: str) -> bool:
+    """Whether ``location`` is an operation inside the forward of a module whose output the ranks all-reduce."""
+    styles = getattr(model.interleaver.fragments, "tp_styles", {})
+    return any(
+        location.startswith(f"{path}.source.") and SIDES.get(style, {}).get("output") == "partial"
+        for path, (style, _) in styles.items()
+    )
+
+
+def shim_nnsight(distributed_config: Any) -> None:
+    """Give nnsight 0.8 the transformers tensor parallelism it reads, on every transformers of our matrix.
+
+    nnsight finds a module's parallel style with
+    ``transformers.distributed.tensor_parallel._get_parameter_plan``.
+    transformers 5.23 moved that matcher to ``parallel_utils``; before 5.19 it
+    was ``_get_parameter_tp_plan``, the same function under its older name,
+    and nnsight refuses those releases outright because their expert
+    parallelism and pipeline meshes differ from 5.19's. Tensor parallelism
+    alone is applied the same way there (one ``tp`` mesh, a style wrapping
+    each module's forward), so for it nnterp lends nnsight the older matcher
+    and lifts the refusal; expert parallelism before 5.19 stays refused.
+    Remove when nnsight follows.
+
+    Raises:
+        ValueError: expert parallelism asked for on transformers before 5.19.
     """
     from transformers.distributed import tensor_parallel
 
-    if not hasattr(tensor_parallel, "_get_parameter_plan"):
+    older = getattr(tensor_parallel, "_get_parameter_tp_plan", None)
+    if older is not None:
+        if asks_expert_parallel(distributed_config):
+            import transformers
+
+            raise ValueError(
+                f"expert parallelism (enable_expert_parallel, ep_size) needs transformers 5.19 or later to be traced, and "
+                f"{transformers.__version__} is installed: upgrade transformers, or split by tensor parallelism "
+                "alone (tp_size)"
+            )
+        from nnsight.modeling.tp import fragments
+
+        tensor_parallel._get_parameter_plan = older
+        fragments._version_checked = True
+    elif not hasattr(tensor_parallel, "_get_parameter_plan"):
         from transformers.distributed.parallel_utils import _get_parameter_plan
 
         tensor_parallel._get_parameter_plan = _get_parameter_plan
+
+
+def asks_expert_parallel(distributed_config: Any) -> bool:
+    """Whether ``distributed_config`` (the dataclass or a dict) asks for expert parallelism, in either spelling.
+
+    ``ep_size`` from transformers 5.19, ``enable_expert_parallel`` before.
+    """
+    if isinstance(distributed_config, dict):
+        flag = distributed_config.get("enable_expert_parallel", False)
+    else:
+        flag = getattr(distributed_config, "enable_expert_parallel", False)
+    return bool(flag) or requested_expert_parallel(distributed_config)

@@ -167,7 +167,7 @@ class StandardizedTransformer(TransformersModel):
         envoys, rename = family_tables(family, config)
         kwargs.setdefault("rename", rename)
         if wants_tensor_parallel(model, kwargs):
-            shim_nnsight()
+            shim_nnsight(kwargs.get("distributed_config"))
             # nnsight's envoys for the split Linear and Embedding modules, beside the family's standard ones.
             envoys = {**tp_envoys(), **envoys}
         kwargs.setdefault("envoys", envoys)

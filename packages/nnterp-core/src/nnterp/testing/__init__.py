@@ -3,7 +3,7 @@
 from .models import save_tiny, tiny_config, tiny_model, tiny_standardized
 from .moe import MoeSuite, draw_selection_bias
 from .recurrent import RecurrentMixerSuite, check_positions, close_relative
-from .suites import ATOL, PROMPT, AttentionSuite, LayerSuite, Suite, blocks_with, close
+from .suites import ATOL, PROMPT, AttentionSuite, LayerSuite, Suite, block_value, blocks_with, close
 from .tokenizer import local_tokenizer
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "PROMPT",
     "RecurrentMixerSuite",
     "Suite",
+    "block_value",
     "blocks_with",
     "check_positions",
     "close",

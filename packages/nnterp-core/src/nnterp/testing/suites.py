@@ -43,6 +43,17 @@ def blocks_with(model: StandardizedTransformer, module: str) -> list[int]:
     return [i for i, layer in enumerate(model.layers) if getattr(layer, module, None) is not None]
 
 
+def block_value(model: StandardizedTransformer, layer: int, name: str) -> tuple[Any, str]:
+    """The envoy serving block ``layer``'s value ``name``, as ``support(layer=)`` spells it, and the value's attribute.
+
+    ``getattr(*block_value(model, 0, "self_attn.attention_queries"))`` reads
+    it inside a trace; ``setattr`` with a third argument writes it.
+    """
+    owner, _, value = name.rpartition(".")
+    block = model.layers[layer]
+    return (attrgetter(owner)(block) if owner else block), value
+
+
 def before_mlp(contributions: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The (module, value) contributions a block adds before its MLP's: all of them on a block without one.
 
