@@ -3,7 +3,8 @@
 ``python tensor_parallel_rank.py DIRECTORY OUT [--route] VALUE...``: rank 0
 saves what it read (the values served, the reasons of those refused) and,
 for each ``VALUE`` (``"layer.owner.name"``), the logits after halving it by
-assignment and after halving it in place under ``torch.no_grad()``.
+assignment and after halving it in place under ``torch.no_grad()``, and
+its value on each of three greedy decode steps.
 ``--route`` routes the family's recurrent kernels to torch first, so the
 per-token states are served too.
 """
@@ -47,8 +48,16 @@ for key in arguments.written:
     with torch.no_grad(), model.trace(PROMPT):
         getattr(owner, value)[:] *= 0.5
         edited[key] = model.logits.save()
+decoded = []
+with model.generate(PROMPT, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
+    for _ in tracer.iter[0:3]:
+        for key in arguments.written:
+            layer, name = key.split(".", 1)
+            decoded.append(getattr(*block_value(model, int(layer), name)).save())
+    tokens = tracer.result.save()
 with model.trace(PROMPT):
     projected = model.lm_head(torch.ones(1, 3, model.hidden_size)).save()
 if dist.get_rank() == 0:
     read = {"served": served, "refused": refused, "assigned": assigned, "edited": edited, "projected": projected}
+    read["generated"] = (decoded, tokens)
     torch.save(read, arguments.out)

@@ -30,21 +30,21 @@ from nnterp.testing import PROMPT, block_value, close, save_tiny
 
 RANK = pathlib.Path(__file__).with_name("tensor_parallel_rank.py")
 
-#: family -> (tiny config overrides, route its kernels to torch, the values each run writes)
+#: family -> (tiny config overrides, route its kernels to torch, the values each run writes, in the forward's order)
 MODELS = {
     "llama": (
         {},
         False,
-        ["0.self_attn.attention_queries", "1.self_attn.attention_probabilities", "0.mlp.mlp_activation"],
+        ["0.self_attn.attention_queries", "0.mlp.mlp_activation", "1.self_attn.attention_probabilities"],
     ),
     "qwen3_next": (
         {"num_attention_heads": 4, "num_key_value_heads": 2},
         True,
         [
-            "1.self_attn.attention_values",
-            "0.mlp.expert_outputs",
             "0.linear_attn.attention_keys",
             "0.linear_attn.decays",
+            "0.mlp.expert_outputs",
+            "1.self_attn.attention_values",
         ],
     ),
 }
@@ -106,6 +106,22 @@ def test_a_write_gives_the_logits_one_process_gives(split):
         assert not torch.allclose(logits, clean), f"halving {key} changed nothing in one process"
         close(read["assigned"][key], logits, what=f"logits after assigning {key} on rank 0")
         close(read["edited"][key], logits, what=f"logits after editing {key} in place under no_grad on rank 0")
+
+
+def test_decode_steps_are_served_whole_and_equal_to_one_process(split):
+    read, written, model = split
+    decoded, tokens = read["generated"]
+    expected = []
+    with model.generate(PROMPT, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
+        for _ in tracer.iter[0:3]:
+            for key in written:
+                layer, name = key.split(".", 1)
+                expected.append(getattr(*block_value(model, int(layer), name)).save())
+        generated = tracer.result.save()
+    assert torch.equal(tokens, generated)
+    assert len(decoded) == len(expected) == 3 * len(written)
+    for index, (value, whole) in enumerate(zip(decoded, expected, strict=True)):
+        close(value, whole, what=f"{written[index % len(written)]} on decode step {index // len(written)} on rank 0")
 
 
 def test_a_split_module_called_on_a_whole_tensor_returns_it_whole(split):
