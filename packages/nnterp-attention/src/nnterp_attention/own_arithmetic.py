@@ -23,6 +23,14 @@ def _at(place: str):
     return lambda envoy: getattr(envoy, place)
 
 
+def _element(place: str):
+    return lambda envoy: envoy.ELEMENTS.get(place)
+
+
+def _missing(place: str):
+    return lambda envoy: envoy.unmaterialized(place)
+
+
 class OwnArithmeticAttention(Attention):
     """A softmax attention whose forward computes the pattern itself (BLOOM, MPT), read at its own operations.
 
@@ -34,7 +42,11 @@ class OwnArithmeticAttention(Attention):
     the pattern after the dropout that follows it, and the head outputs as the
     product with the values returns them, heads before the sequence. A forward
     that folds the heads into the batch axis (BLOOM's ``baddbmm`` and ``bmm``
-    take ``[batch * num_heads, ...]``) sets ``HEADS_IN_BATCH``. Each value is
+    take ``[batch * num_heads, ...]``) sets ``HEADS_IN_BATCH``; a place that
+    returns a tuple (a cache update's keys and values) names the element in
+    ``ELEMENTS``. Where the forward computes a value on some calls only
+    (Falcon's under sdpa), ``unmaterialized`` says why it is unavailable on
+    the others. Each value is
     served in ``Attention``'s layout, as a view of the model's tensor: an
     in-place edit reaches the model wherever torch allows one, and an
     assignment is laid back out the way the forward holds it.
@@ -55,6 +67,16 @@ class OwnArithmeticAttention(Attention):
     HEAD_OUTPUTS: ClassVar[str]
     #: Whether the products take the heads folded into the batch axis, ``[batch * num_heads, ...]``.
     HEADS_IN_BATCH: ClassVar[bool] = False
+    #: The element of a place's tuple each value is, by place name (``{"KEYS": 0, "VALUES": 1}``); the first if absent.
+    ELEMENTS: ClassVar[dict[str, int]] = {}
+
+    def unmaterialized(self, place: str) -> str | None:
+        """Why this module's forward does not compute the value read at ``place`` (``"SCORES"``), or ``None``.
+
+        BLOOM and MPT compute every value under the only implementation they
+        accept; a family whose forward hands some to a fused kernel says so here.
+        """
+        return None
 
     def _unfold(self, value: torch.Tensor) -> torch.Tensor:
         return value.unflatten(0, (-1, self.num_heads)) if self.HEADS_IN_BATCH else value
@@ -62,7 +84,7 @@ class OwnArithmeticAttention(Attention):
     def _fold(self, value: torch.Tensor) -> torch.Tensor:
         return value.flatten(0, 1) if self.HEADS_IN_BATCH else value
 
-    @EProperty(_at("QUERIES"))
+    @EProperty(_at("QUERIES"), select=_element("QUERIES"), unavailable=_missing("QUERIES"))
     def attention_queries(self, value: Any) -> Queries:
         """The queries the scores are computed with, [batch, num_heads, seq, qk_head_dim].
 
@@ -75,7 +97,7 @@ class OwnArithmeticAttention(Attention):
     def attention_queries(self, value: torch.Tensor) -> torch.Tensor:
         return self._fold(value)
 
-    @EProperty(_at("KEYS"))
+    @EProperty(_at("KEYS"), select=_element("KEYS"), unavailable=_missing("KEYS"))
     def attention_keys(self, value: Any) -> Keys:
         """The keys the scores are computed with, [batch, num_kv_heads, seq, qk_head_dim].
 
@@ -88,7 +110,7 @@ class OwnArithmeticAttention(Attention):
     def attention_keys(self, value: torch.Tensor) -> torch.Tensor:
         return self._fold(value)
 
-    @EProperty(_at("VALUES"))
+    @EProperty(_at("VALUES"), select=_element("VALUES"), unavailable=_missing("VALUES"))
     def attention_values(self, value: Any) -> Values:
         """The values the pattern is multiplied with, [batch, num_kv_heads, seq, head_dim].
 
@@ -101,7 +123,7 @@ class OwnArithmeticAttention(Attention):
     def attention_values(self, value: torch.Tensor) -> torch.Tensor:
         return self._fold(value)
 
-    @EProperty(_at("SCORES"))
+    @EProperty(_at("SCORES"), select=_element("SCORES"), unavailable=_missing("SCORES"))
     def attention_scores(self, value: Any) -> Pattern:
         """The scaled scores entering the softmax, [batch, num_heads, query, key], with the ALiBi bias and the mask added.
 
@@ -110,7 +132,7 @@ class OwnArithmeticAttention(Attention):
         """
         return value
 
-    @EProperty(_at("PATTERN"))
+    @EProperty(_at("PATTERN"), select=_element("PATTERN"), unavailable=_missing("PATTERN"))
     def attention_probabilities(self, value: Any) -> Pattern:
         """The attention pattern the values are mixed with, [batch, num_heads, query, key], in the model's dtype.
 
@@ -119,7 +141,7 @@ class OwnArithmeticAttention(Attention):
         """
         return value
 
-    @EProperty(_at("HEAD_OUTPUTS"))
+    @EProperty(_at("HEAD_OUTPUTS"), select=_element("HEAD_OUTPUTS"), unavailable=_missing("HEAD_OUTPUTS"))
     def attention_head_outputs(self, value: Any) -> HeadOutputs:
         """Each head's output before the heads are concatenated and projected, [batch, seq, num_heads, head_dim].
 

@@ -15,6 +15,7 @@ from .families import (
     deepseek_v3,
     electra,
     ernie,
+    falcon,
     gemma2,
     gemma3,
     gemma3_text,
@@ -61,7 +62,7 @@ from .sink import SinkAttention
 @nnterp.hookimpl
 def nnterp_families():
     return [
-        *(llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2, phi3, gpt2, gpt_neox, bloom, mpt, gpt_oss),
+        *(llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2, phi3, gpt2, gpt_neox, bloom, mpt, falcon, gpt_oss),
         *(mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, mimo_v2_flash, granitemoe),
         *(dbrx, llama4_text),
         *(llava, llava_next, gemma3, mistral3, llama4),

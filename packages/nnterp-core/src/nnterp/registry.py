@@ -38,6 +38,7 @@ KNOWN_DISTRIBUTIONS = {
             "gpt_neox",
             "bloom",
             "mpt",
+            "falcon",
             "mixtral",
             "qwen2_moe",
             "qwen3_moe",
