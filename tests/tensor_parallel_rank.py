@@ -1,10 +1,12 @@
 """One rank of a tensor-parallel run (``torchrun``, see test_tensor_parallel): every value support() lists, and writes.
 
-``python tensor_parallel_rank.py DIRECTORY OUT [--route] VALUE...``: rank 0
+``python tensor_parallel_rank.py DIRECTORY OUT [--route] VALUE... [--gradients VALUE...]``: rank 0
 saves what it read (the values served, the reasons of those refused) and,
 for each ``VALUE`` (``"layer.owner.name"``), the logits after halving it by
 assignment and after halving it in place under ``torch.no_grad()``, and
-its value on each of three greedy decode steps.
+its value on each of three greedy decode steps; for each ``--gradients``
+value, the gradients of the logits' sum with respect to it and to the
+embeddings.
 ``--route`` routes the family's recurrent kernels to torch first, so the
 per-token states are served too.
 """
@@ -22,6 +24,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("directory")
 parser.add_argument("out")
 parser.add_argument("--route", action="store_true")
+parser.add_argument("--gradients", nargs="*", default=[])
 parser.add_argument("written", nargs="*")
 arguments = parser.parse_intermixed_args()
 model = StandardizedTransformer(
@@ -48,6 +51,16 @@ for key in arguments.written:
     with torch.no_grad(), model.trace(PROMPT):
         getattr(owner, value)[:] *= 0.5
         edited[key] = model.logits.save()
+gradients = {}
+for key in arguments.gradients:
+    layer, name = key.split(".", 1)
+    owner, value = block_value(model, int(layer), name)
+    with model.trace(PROMPT):
+        embedded = model.layers[0].layer_input
+        read = getattr(owner, value)
+        logits = model.logits
+        with logits.sum().backward():
+            gradients[key] = (read.grad.save(), embedded.grad.save())
 decoded = []
 with model.generate(PROMPT, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
     for _ in tracer.iter[0:3]:
@@ -60,4 +73,5 @@ with model.trace(PROMPT):
 if dist.get_rank() == 0:
     read = {"served": served, "refused": refused, "assigned": assigned, "edited": edited, "projected": projected}
     read["generated"] = (decoded, tokens)
+    read["gradients"] = gradients
     torch.save(read, arguments.out)

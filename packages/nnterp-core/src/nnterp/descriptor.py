@@ -299,12 +299,15 @@ class EProperty(eproperty):
             version = whole._version
 
             def write_back_piece() -> Any:
-                # Only an edit in place sends the piece back: an unedited read leaves the model's tensor untouched.
-                if whole._version != version:
-                    value.copy_(split.piece(whole))
-                if self._transform is None:
+                # The model carries on from the whole when it was edited in place, or when gradients are to reach it.
+                if whole._version == version and not whole.requires_grad:
                     return raw
-                return place(attribute, element, raw, self._transform(obj, value, pick(attribute, element, raw)))
+                piece, current = split.piece(whole), pick(attribute, element, raw)
+                if self._transform is not None:
+                    return place(attribute, element, raw, self._transform(obj, piece, current))
+                if self._postprocess is not None:
+                    piece = self._postprocess(obj, piece)
+                return place(attribute, element, raw, self._whole(obj, current, piece))
 
             mediator.transform = WriteBack(write_back_piece, whole, self, location, occurrence)
             return whole

@@ -21,7 +21,9 @@ divided by the ranks is the split one. nnterp then serves the value whole (an
 all-gather along that axis, or an all-reduce), and puts what is written back
 as this rank's piece (the slice again; or the whole on rank 0 and zeros
 elsewhere, which the module's own all-reduce sums to exactly the written
-value). Reading one is a collective: every rank must read the same values in
+value). While gradients are recorded the model carries on from the whole's
+piece, so gradients reach the whole, and through it the model, as in one
+process. Reading one is a collective: every rank must read the same values in
 the same order, which running the same trace on every rank does.
 """
 
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from nnsight.modeling.tp import SIDES, device_mesh, gather, requested_expert_parallel, shard
+from nnsight.modeling.tp import SIDES, device_mesh, requested_expert_parallel, shard
 
 from .layouts import INPUT_AXES, KEY, QUERY
 
@@ -62,12 +64,11 @@ class Fragment:
     axis: int | None
 
     def whole(self, local: torch.Tensor) -> torch.Tensor:
-        """The value every rank's ``local`` pieces make up."""
-        if self.axis is not None:
-            return gather(self.model, local, dim=self.axis)
-        from torch.distributed.tensor import DTensor, Partial
-
-        return DTensor.from_local(local, device_mesh(self.model), [Partial()], run_check=False).full_tensor()
+        """The value every rank's ``local`` pieces make up: a new tensor, which can be edited in place."""
+        group = device_mesh(self.model).get_group()
+        if self.axis is None:
+            return _Summed.apply(local, group)
+        return _Gathered.apply(local, self.axis, group)
 
     def piece(self, whole: torch.Tensor) -> torch.Tensor:
         """This rank's piece of ``whole``."""
@@ -86,6 +87,43 @@ class Fragment:
         if self.axis is not None:
             shape[self.axis] *= ranks(self.model)
         return tuple(shape)
+
+
+class _Gathered(torch.autograd.Function):
+    """Every rank's slice along ``axis``, concatenated in rank order.
+
+    Each rank computes the same loss from the whole, so a rank's slice gets
+    its own part of the whole's gradient: the gradient one process gives.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, axis: int, group: Any) -> torch.Tensor:
+        import torch.distributed as dist
+
+        pieces = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(pieces, local.contiguous(), group=group)
+        ctx.axis, ctx.start, ctx.size = axis, dist.get_rank(group) * local.shape[axis], local.shape[axis]
+        return torch.cat(pieces, dim=axis)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return grad.narrow(ctx.axis, ctx.start, ctx.size), None, None
+
+
+class _Summed(torch.autograd.Function):
+    """The sum of every rank's term; each term's gradient is the sum's, as for a sum in one process."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, group: Any) -> torch.Tensor:
+        import torch.distributed as dist
+
+        total = local.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
 
 
 def ranks(model: Any) -> int:
