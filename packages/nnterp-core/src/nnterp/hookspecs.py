@@ -31,7 +31,9 @@ def nnterp_families() -> list[ModuleType]:
     random-weight model in well under a second) and, optionally, ``MODELING``
     (the transformers modeling module its kernels live in) and ``CONTRIBUTIONS``
     (the ``(module, value)`` contributions of a block in the order its forward
-    makes them, where that is not attention, mixer, MLP). It is reachable as
+    makes them, where that is not attention, mixer, MLP) and ``CAUSAL_LM`` (the
+    class its checkpoints load as for text, where transformers maps no causal
+    LM to the model type: GLM-5-Next's multimodal wrapper). It is reachable as
     ``nnterp.families.<last dotted name>``.
     """
 

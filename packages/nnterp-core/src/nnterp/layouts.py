@@ -46,6 +46,9 @@ INPUT_AXES = frozenset({BATCH, SEQ, IMAGES, PATCHES, IMAGE_TOKENS})
 Residual = Float[Tensor, f"{BATCH} {SEQ} {HIDDEN}"]
 # A hyper-connection block's residual: several streams side by side, and what a sublayer adds into them.
 Streams = Float[Tensor, f"{BATCH} {SEQ} {STREAMS} {HIDDEN}"]
+# How a hyper-connection weights the streams: one weight per stream, or one per pair of streams, each token.
+StreamWeights = Float[Tensor, f"{BATCH} {SEQ} {STREAMS}"]
+StreamMixing = Float[Tensor, f"{BATCH} {SEQ} {STREAMS} {STREAMS}"]
 Neurons = Float[Tensor, f"{BATCH} {SEQ} {INTERMEDIATE}"]
 Logits = Float[Tensor, f"{BATCH} {SEQ} {VOCAB}"]
 Probabilities = Float[Tensor, f"{BATCH} {VOCAB}"]

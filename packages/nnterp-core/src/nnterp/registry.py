@@ -89,6 +89,7 @@ KNOWN_DISTRIBUTIONS = {
             "olmo_hybrid",
             "kimi_linear",
             "bailing_hybrid",
+            "glm5_next",
             "lara_mini",
             "qwen4_exp",
             "qwen4_exp_text",

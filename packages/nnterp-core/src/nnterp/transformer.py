@@ -76,6 +76,22 @@ def load_task(family: ModuleType, model: Any, processor: Any, kwargs: dict) -> s
     return IMAGE_TEXT_TO_TEXT
 
 
+def register_causal_lm(family: ModuleType, config: Any) -> None:
+    """Make the family's ``CAUSAL_LM`` the causal LM of ``config``'s type, where transformers maps none.
+
+    GLM-5-Next ships only its multimodal wrapper, which runs text alone as a
+    causal LM does; registering it lets the text-generation pipeline, and
+    ``AutoModelForCausalLM``, load such a checkpoint. A family with no
+    ``CAUSAL_LM`` leaves transformers' mapping as it is.
+    """
+    causal_lm = getattr(family, "CAUSAL_LM", None)
+    if causal_lm is not None:
+        from transformers import AutoModelForCausalLM
+
+        # AutoModelForCausalLM.register skips a config class of transformers' own before 5.24: add it as register does.
+        AutoModelForCausalLM._model_mapping._extra_content.setdefault(type(config), causal_lm)
+
+
 def model_type(config: Any) -> str:
     """The ``model_type`` a model's family is keyed on."""
     return config.model_type
@@ -149,6 +165,7 @@ class StandardizedTransformer(TransformersModel):
     def __init__(self, model: Any, tokenizer: Any = None, processor: Any = None, **kwargs: Any) -> None:
         config = load_config(model, kwargs)
         family = REGISTRY.family_for(model_type(config), config)
+        register_causal_lm(family, config)
         kwargs["task"] = load_task(family, model, processor, kwargs)
         if kwargs["task"] == IMAGE_TEXT_TO_TEXT:
             if processor is None and not isinstance(model, torch.nn.Module):

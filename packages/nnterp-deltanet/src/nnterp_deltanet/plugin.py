@@ -3,7 +3,7 @@
 import nnterp
 from nnterp.registry import installed_families
 
-from .families import kimi_linear, olmo_hybrid, qwen3_5, qwen3_5_moe, qwen3_5_text, qwen3_next
+from .families import glm5_next, kimi_linear, olmo_hybrid, qwen3_5, qwen3_5_moe, qwen3_5_text, qwen3_next
 from .linear_attention import LinearAttention, route_delta_rule
 
 
@@ -15,7 +15,7 @@ def nnterp_families():
         "nnterp_deltanet.families.lara_mini",
         "nnterp_deltanet.families.qwen4_exp_text",
     )
-    return [qwen3_next, qwen3_5_text, qwen3_5, qwen3_5_moe, olmo_hybrid, kimi_linear, *later]
+    return [qwen3_next, qwen3_5_text, qwen3_5, qwen3_5_moe, olmo_hybrid, kimi_linear, glm5_next, *later]
 
 
 @nnterp.hookimpl

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..registry import REGISTRY
-from ..transformer import StandardizedTransformer
+from ..transformer import StandardizedTransformer, register_causal_lm
 from .tokenizer import local_tokenizer
 
 TOKEN_IDS = dict(pad_token_id=0, eos_token_id=1, bos_token_id=2)
@@ -35,6 +35,7 @@ def tiny_model(family: str | ModuleType, attn_implementation: str = "eager", see
     # A dtype on a multimodal wrapper's config would not reach its text model: from_config casts the whole model.
     dtype = overrides.pop("dtype", None)
     config = tiny_config(family, **overrides)
+    register_causal_lm(_family(family), config)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype).eval()
 
 
