@@ -1,8 +1,8 @@
 import subprocess
 import sys
 
-from nnterp.testing import AttentionSuite, MoeSuite
-from nnterp_deltanet.testing import DeltaNetSuite, MixingStreamsSuite
+from nnterp.testing import AttentionSuite, MixingStreamsSuite, MoeSuite
+from nnterp_deltanet.testing import DeltaNetSuite
 
 
 class TestGlm5Next(MixingStreamsSuite, AttentionSuite, DeltaNetSuite, MoeSuite):

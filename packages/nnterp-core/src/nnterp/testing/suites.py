@@ -319,6 +319,103 @@ class LayerSuite(Suite):
         close(from_disk, in_memory, what="logits of the model loaded by path")
 
 
+def mixed_streams(
+    streams: torch.Tensor, weights: torch.Tensor, mixing: torch.Tensor, output: torch.Tensor
+) -> torch.Tensor:
+    """The streams after a sublayer on an mHC block: ``mixing^T @ streams + weights * output``, per token."""
+    carried = mixing.to(streams.dtype).transpose(-1, -2) @ streams
+    return carried + weights.to(streams.dtype).unsqueeze(-1) * output.unsqueeze(-2)
+
+
+class MixingStreamsSuite(LayerSuite):
+    """The residual streams through every ``MixingStreamsLayer``: the hyper-connections' reads, weights and mixing.
+
+    The layer suite's identities hold with the streams mixed at each sublayer
+    (``stream_after``), recomputed through the block's own hyper-connection
+    modules; the served weights and mixing are checked against what the
+    block did with them, and a write to each against the streams after it.
+    """
+
+    #: Each sublayer's hyper-connection module on the block, in the forward's order.
+    HYPER_CONNECTIONS = ("attn_hc", "ffn_hc")
+
+    def stream_after(self, layer: int, entering: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+        block = self.model.layers[layer]._module
+        stream = entering
+        for part, name in zip(parts, self.HYPER_CONNECTIONS, strict=False):
+            with torch.no_grad():
+                weights, mixing, _ = getattr(block, name)(stream)
+            stream = mixed_streams(stream, weights, mixing, part)
+        return stream
+
+    def read_streams(self, layer: int) -> dict[str, torch.Tensor]:
+        """Every stream value of block ``layer`` and its sublayers' outputs, in the forward's order."""
+        block = self.model.layers[layer]
+        mixer = "linear_attn" if getattr(block, "linear_attn", None) is not None else "self_attn"
+        names = ("layer_input", "attention_stream_weights", "attention_stream_mixing", "attention_stream_read")
+        names_after = ("layer_mid", "mlp_stream_weights", "mlp_stream_mixing", "mlp_stream_read")
+        read: dict[str, torch.Tensor] = {}
+        with self.model.trace(PROMPT):
+            read.update({name: getattr(block, name).save() for name in names})
+            read["attention_norm_output"] = block.attention_norm_output.save()
+            read["attention_output"] = getattr(block, mixer).attention_output.save()
+            read.update({name: getattr(block, name).save() for name in names_after})
+            read["mlp_norm_output"] = block.mlp_norm_output.save()
+            read["mlp_output"] = block.mlp.mlp_output.save()
+            read["layer_output"] = block.layer_output.save()
+        return read
+
+    def test_streams_are_mixed_and_weighted_as_served(self) -> None:
+        for layer in range(self.model.num_layers):
+            read = self.read_streams(layer)
+            streams = self.model.layers[layer].streams
+            assert read["layer_input"].shape[-2] == streams == read["attention_stream_mixing"].shape[-1]
+            for sublayer, before, after in (
+                ("attention", "layer_input", "layer_mid"),
+                ("mlp", "layer_mid", "layer_output"),
+            ):
+                weights, mixing = read[f"{sublayer}_stream_weights"], read[f"{sublayer}_stream_mixing"]
+                close(mixing.sum(-1), torch.ones_like(mixing.sum(-1)), what=f"layers[{layer}]: {sublayer} mixing rows")
+                expected = mixed_streams(read[before], weights, mixing, read[f"{sublayer}_output"])
+                close(read[after], expected, what=f"layers[{layer}]: {after} vs mixing^T {before} + weights * output")
+            norms = self.model.layers[layer]._module
+            with torch.no_grad():
+                for sublayer, norm in (("attention", norms.input_layernorm), ("mlp", norms.post_attention_layernorm)):
+                    expected = norm(read[f"{sublayer}_stream_read"])
+                    close(
+                        read[f"{sublayer}_norm_output"], expected, what=f"layers[{layer}]: norm of the {sublayer} read"
+                    )
+
+    def test_written_weights_and_mixing_reach_the_streams(self) -> None:
+        """Zero weights leave only the carried streams; the identity mixing carries each stream as it is."""
+        block = self.model.layers[0]
+        with self.model.trace(PROMPT):
+            clean = self.model.logits.save()
+        with self.model.trace(PROMPT):
+            entering = block.layer_input.save()
+            block.attention_stream_weights[:] = 0
+            mixing = block.attention_stream_mixing.save()
+            mid = block.layer_mid.save()
+            weighted_out = self.model.logits.save()
+        close(mid, mixing.transpose(-1, -2) @ entering, what="layer_mid with the attention's stream weights zeroed")
+        assert not torch.allclose(clean, weighted_out), (
+            "zeroing the attention's stream weights left the logits as they were"
+        )
+        with self.model.trace(PROMPT):
+            mid = block.layer_mid.save()
+            block.mlp_stream_mixing = torch.eye(block.streams).expand_as(block.mlp_stream_mixing).clone()
+            weights = block.mlp_stream_weights.save()
+            output = block.mlp.mlp_output.save()
+            leaving = block.layer_output.save()
+        close(leaving, mid + weights.unsqueeze(-1) * output.unsqueeze(-2), what="layer_output with identity mixing")
+
+    def test_the_final_norm_reads_the_mean_of_the_streams(self) -> None:
+        with self.model.trace(PROMPT):
+            leaving = self.model.layers[-1].layer_output.save()
+            final = self.model.ln_final.input.save()
+        close(final, leaving.mean(dim=-2), what="the final norm's input vs the mean of the last block's streams")
+
+
 def moved_scores(scores: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
     """Which scores differ from ``clean``'s, each row taken less its first key's score.
 

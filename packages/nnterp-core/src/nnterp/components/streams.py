@@ -1,0 +1,104 @@
+"""Blocks on several residual streams: how many they carry, and hyper-connections that mix them (mHC)."""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Any, ClassVar
+
+from ..descriptor import EProperty
+from ..layouts import Residual, StreamMixing, Streams, StreamWeights
+from .layer import Layer
+
+
+class ManyStreams:
+    """A block carrying several residual streams: ``streams`` counts them, read at ``STREAMS``."""
+
+    #: The attribute path from the block's module to its number of streams.
+    STREAMS: ClassVar[str]
+
+    @property
+    def streams(self) -> int:
+        """How many residual streams the block carries."""
+        return attrgetter(self.STREAMS)(self._module)
+
+
+class MixingStreams(ManyStreams, Layer):
+    """A block whose hyper-connections mix its residual streams (mHC: GLM-5-Next, DeepSeek-V4).
+
+    The model carries ``streams`` residual streams stacked, ``[batch, seq,
+    streams, hidden_size]``. In front of each sublayer a hyper-connection
+    (``attn_hc``, ``ffn_hc``) computes three things from the streams, per
+    token: the sublayer's input, a weighted sum of the streams
+    (``attention_stream_read``); one weight per stream for the sublayer's
+    output (``attention_stream_weights``); and a doubly stochastic
+    ``[streams, streams]`` matrix mixing the streams that carry on past the
+    sublayer (``attention_stream_mixing``). The block then leaves, per
+    stream ``j``::
+
+        layer_mid[..., j, :] = sum_i mixing[..., i, j] * layer_input[..., i, :]
+                               + weights[..., j] * attention_output
+
+    and the same with the MLP's from ``layer_mid`` to ``layer_output``. So
+    the contributions do not simply add up: the streams are mixed as well.
+    ``attention_output`` and ``mlp_output`` are the sublayers' own outputs,
+    ``[batch, seq, hidden_size]``, which the weights spread into the
+    streams. The weights and the mixing are float32, as the model computes
+    them; all of these values can be assigned or edited in place.
+    """
+
+    @EProperty("input")
+    def layer_input(self, value: Any) -> Streams:
+        """The residual streams entering this block, [batch, seq, streams, hidden_size]. Assign or edit in place."""
+        return value
+
+    @EProperty("attn_hc.output", select=2)
+    def attention_stream_read(self, value: Any) -> Residual:
+        """The attention's read of the streams, their per-token weighted sum, [batch, seq, hidden_size].
+
+        What the attention's pre-norm is called with. Assign or edit in place.
+        """
+        return value
+
+    @EProperty("attn_hc.output", select=0)
+    def attention_stream_weights(self, value: Any) -> StreamWeights:
+        """How much of the attention's output each stream receives, [batch, seq, streams]. Assign or edit in place."""
+        return value
+
+    @EProperty("attn_hc.output", select=1)
+    def attention_stream_mixing(self, value: Any) -> StreamMixing:
+        """How the streams carry on past the attention: row i, column j is stream i's share in stream j, [batch, seq, streams, streams].
+
+        Assign or edit in place.
+        """
+        return value
+
+    @EProperty("ffn_hc.input")
+    def layer_mid(self, value: Any) -> Streams:
+        """The residual streams between the two sublayers, [batch, seq, streams, hidden_size]. Assign or edit in place."""
+        return value
+
+    @EProperty("ffn_hc.output", select=2)
+    def mlp_stream_read(self, value: Any) -> Residual:
+        """The MLP's read of the streams, their per-token weighted sum, [batch, seq, hidden_size].
+
+        What the MLP's pre-norm is called with. Assign or edit in place.
+        """
+        return value
+
+    @EProperty("ffn_hc.output", select=0)
+    def mlp_stream_weights(self, value: Any) -> StreamWeights:
+        """How much of the MLP's output each stream receives, [batch, seq, streams]. Assign or edit in place."""
+        return value
+
+    @EProperty("ffn_hc.output", select=1)
+    def mlp_stream_mixing(self, value: Any) -> StreamMixing:
+        """How the streams carry on past the MLP: row i, column j is stream i's share in stream j, [batch, seq, streams, streams].
+
+        Assign or edit in place.
+        """
+        return value
+
+    @EProperty("output")
+    def layer_output(self, value: Any) -> Streams:
+        """The residual streams leaving this block, [batch, seq, streams, hidden_size]. Assign or edit in place."""
+        return value
