@@ -97,7 +97,8 @@ def test_support_of_a_path_that_is_not_a_model_exits_2(core_plugin, tmp_path, ca
 
 def test_coverage_lists_every_causal_lm_with_the_family_that_serves_it(core_plugin):
     rows = nnterp.coverage()
-    assert [row.model_type for row in rows] == list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    wrappers = [t for f in nnterp.REGISTRY.families().values() if hasattr(f, "CAUSAL_LM") for t in f.MODEL_TYPES]
+    assert [row.model_type for row in rows] == [*MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, *wrappers]
     olmo = next(row for row in rows if row.model_type == "olmo")
     assert (olmo.family, olmo.plugin, olmo.served) == ("olmo", "core-tests", True)
 
@@ -123,6 +124,32 @@ def test_coverage_follows_a_plugin_that_claims_a_model_type():
     finally:
         nnterp.REGISTRY.unregister("claiming")
     assert (row.family, row.plugin, row.served) == ("xlnet_stand_in", "claiming", True)
+
+
+def test_coverage_lists_a_multimodal_type_a_family_loads_for_text():
+    """A wrapper transformers maps to no causal LM is listed once a family declares it its CAUSAL_LM."""
+    from transformers import PaliGemmaForConditionalGeneration
+
+    wrapper = types.ModuleType("wrapping_plugin.families.paligemma_for_text")
+    wrapper.MODEL_TYPES, wrapper.CAUSAL_LM = ("paligemma",), PaliGemmaForConditionalGeneration
+    wrapper.ENVOYS, wrapper.RENAME, wrapper.TINY_CONFIG = {}, {}, {}
+
+    class Wrapping:
+        @nnterp.hookimpl
+        def nnterp_families(self):
+            return [wrapper]
+
+    assert "paligemma" not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    assert "paligemma" not in [row.model_type for row in nnterp.coverage()]
+    nnterp.REGISTRY.register(Wrapping(), name="wrapping")
+    try:
+        rows = nnterp.coverage()
+    finally:
+        nnterp.REGISTRY.unregister("wrapping")
+    assert [row.model_type for row in rows][: len(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)] == list(
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    )
+    assert (rows[-1].model_type, rows[-1].family, rows[-1].plugin) == ("paligemma", "paligemma_for_text", "wrapping")
 
 
 def test_coverage_finds_the_recurrent_kernels_a_modeling_module_declares():

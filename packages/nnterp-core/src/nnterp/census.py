@@ -1,7 +1,8 @@
 """The coverage census: which of the installed transformers' causal language models a family serves.
 
 Read off the installed transformers, without loading a weight: its causal-LM
-model types (``AutoModelForCausalLM``'s mapping); the family the plugin
+model types (``AutoModelForCausalLM``'s mapping, and the multimodal types a
+family loads for text); the family the plugin
 registry names for each or, for a type no family names, the generic family a
 plugin recognizes from the layout of its tiny model's blocks (built on the
 meta device), or why none does; and the recurrent kernels each modeling
@@ -63,12 +64,25 @@ def recurrent_kernels(model_type: str) -> tuple[str, ...]:
     return tuple(sorted(kernels))
 
 
+def causal_lm_types() -> list[str]:
+    """The model types a causal LM loads as: ``AutoModelForCausalLM``'s, in its order, then those a family loads for text.
+
+    A family's ``CAUSAL_LM`` is a multimodal wrapper transformers maps to no
+    causal LM (GLM-5-Next's), which nnterp loads for text.
+    """
+    types = list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    for family in REGISTRY.families().values():
+        if getattr(family, "CAUSAL_LM", None) is not None:
+            types.extend(model_type for model_type in family.MODEL_TYPES if model_type not in types)
+    return types
+
+
 def coverage() -> list[Coverage]:
-    """Every causal-LM model type of the installed transformers, in its mapping's order, with what serves it."""
+    """Every model type a causal LM loads as (``causal_lm_types``), with what serves it."""
     plugin_of = {id(family): info.name for info in REGISTRY.plugins() for family in info.families}
     generic_plugin = ", ".join(REGISTRY.generic_plugins()) or None
     rows = []
-    for model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    for model_type in causal_lm_types():
         kernels = recurrent_kernels(model_type)
         config = tiny_config_of(model_type)
         try:
