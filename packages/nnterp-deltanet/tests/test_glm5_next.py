@@ -1,12 +1,18 @@
 import subprocess
 import sys
 
-from nnterp.testing import AttentionSuite, MixingStreamsSuite, MoeSuite
+from nnterp.testing import PROMPT, AttentionSuite, MixingStreamsSuite, MoeSuite, close
 from nnterp_deltanet.testing import DeltaNetSuite
 
 
 class TestGlm5Next(MixingStreamsSuite, AttentionSuite, DeltaNetSuite, MoeSuite):
     family = "glm5_next"
+
+    def test_the_final_norm_reads_the_mean_of_the_streams(self) -> None:
+        with self.model.trace(PROMPT):
+            leaving = self.model.layers[-1].layer_output.save()
+            final = self.model.ln_final.input.save()
+        close(final, leaving.mean(dim=-2), what="the final norm's input vs the mean of the last block's streams")
 
     def test_a_fresh_process_loads_the_wrapper_by_path_for_text(self, tmp_path) -> None:
         """transformers maps no causal LM to glm5_next: loading one by path registers the wrapper first."""

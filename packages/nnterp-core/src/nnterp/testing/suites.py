@@ -409,12 +409,6 @@ class MixingStreamsSuite(LayerSuite):
             leaving = block.layer_output.save()
         close(leaving, mid + weights.unsqueeze(-1) * output.unsqueeze(-2), what="layer_output with identity mixing")
 
-    def test_the_final_norm_reads_the_mean_of_the_streams(self) -> None:
-        with self.model.trace(PROMPT):
-            leaving = self.model.layers[-1].layer_output.save()
-            final = self.model.ln_final.input.save()
-        close(final, leaving.mean(dim=-2), what="the final norm's input vs the mean of the last block's streams")
-
 
 def moved_scores(scores: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
     """Which scores differ from ``clean``'s, each row taken less its first key's score.
