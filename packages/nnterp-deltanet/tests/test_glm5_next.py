@@ -1,11 +1,11 @@
 import subprocess
 import sys
 
-from nnterp.testing import PROMPT, AttentionSuite, MixingStreamsSuite, MoeSuite, close
+from nnterp.testing import PROMPT, AttentionSuite, HyperConnectionSuite, MoeSuite, close
 from nnterp_deltanet.testing import DeltaNetSuite
 
 
-class TestGlm5Next(MixingStreamsSuite, AttentionSuite, DeltaNetSuite, MoeSuite):
+class TestGlm5Next(HyperConnectionSuite, AttentionSuite, DeltaNetSuite, MoeSuite):
     family = "glm5_next"
 
     def test_the_final_norm_reads_the_mean_of_the_streams(self) -> None:

@@ -25,6 +25,7 @@ from .families import (
     gpt_neox,
     gpt_oss,
     granitemoe,
+    hy_v4,
     llama,
     llama4,
     llama4_text,
@@ -63,7 +64,7 @@ from .sink import SinkAttention
 def nnterp_families():
     return [
         *(llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2, phi3, gpt2, gpt_neox, bloom, mpt, falcon, gpt_oss),
-        *(mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, mimo_v2_flash, granitemoe),
+        *(mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, mimo_v2_flash, granitemoe, hy_v4),
         *(dbrx, llama4_text),
         *(llava, llava_next, gemma3, mistral3, llama4),
         *(qwen2_vl, qwen2_5_vl, qwen3_vl),

@@ -27,7 +27,7 @@ from .components.qwen_vision import QwenVision
 from .components.recurrent import RecurrentMixer
 from .components.routing import route_kernels
 from .components.standard import Standard, Sublayer, axis_size, blocks_support, contribution
-from .components.streams import ManyStreams, MixingStreams
+from .components.streams import HyperConnectionLayer, ManyStreams
 from .components.vision import ImageScatter, PatchRows, Vision, VisionLayer, VisionMlp, image_token_id
 from .descriptor import DerivedEProperty, EProperty, TokenEProperty, Unavailable, unavailable
 from .hookspecs import hookimpl, hookspec
@@ -42,10 +42,10 @@ __all__ = [
     "Coverage",
     "DerivedEProperty",
     "EProperty",
+    "HyperConnectionLayer",
     "ImageScatter",
     "Layer",
     "ManyStreams",
-    "MixingStreams",
     "Mlp",
     "Moe",
     "OrderError",

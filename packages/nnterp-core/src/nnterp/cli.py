@@ -99,16 +99,16 @@ def suite_for(family: ModuleType, model: Any) -> type:
     ``model`` (a tiny model of the family) only says which envoys the family uses; the suite builds its own.
     """
     from .components.moe import Moe
+    from .components.streams import HyperConnectionLayer
     from .components.vision import Vision
-    from .testing import LayerSuite, MoeSuite
+    from .testing import HyperConnectionSuite, LayerSuite, MoeSuite
     from .testing.vision import VisionSuite
 
     envoy_types = {type(envoy) for envoy in model.modules()}
     # The vision suite first: it builds the model with its processor, where the text side's suites run too.
     suites: list[type] = [VisionSuite, LayerSuite] if any(issubclass(k, Vision) for k in envoy_types) else [LayerSuite]
-    if any(issubclass(kind, Moe) for kind in envoy_types):
-        suites.append(MoeSuite)
-    for envoy_class, suite in REGISTRY.suites().items():
+    core_suites = {Moe: MoeSuite, HyperConnectionLayer: HyperConnectionSuite}
+    for envoy_class, suite in (core_suites | REGISTRY.suites()).items():
         if suite not in suites and any(issubclass(kind, envoy_class) for kind in envoy_types):
             suites.append(suite)
     # A plugin's suite that extends a core one (a packed tower's VisionSuite) takes its place, first when it builds.

@@ -46,6 +46,7 @@ KNOWN_DISTRIBUTIONS = {
             "deepseek_v3",
             "mimo_v2_flash",
             "granitemoe",
+            "hy_v4",
             "gpt_oss",
             "dbrx",
             "llama4_text",

@@ -3,14 +3,24 @@
 from .models import save_tiny, tiny_config, tiny_model, tiny_standardized
 from .moe import MoeSuite, draw_selection_bias
 from .recurrent import RecurrentMixerSuite, check_positions, close_relative
-from .suites import ATOL, PROMPT, AttentionSuite, LayerSuite, MixingStreamsSuite, Suite, block_value, blocks_with, close
+from .suites import (
+    ATOL,
+    PROMPT,
+    AttentionSuite,
+    HyperConnectionSuite,
+    LayerSuite,
+    Suite,
+    block_value,
+    blocks_with,
+    close,
+)
 from .tokenizer import local_tokenizer
 
 __all__ = [
     "ATOL",
     "AttentionSuite",
     "LayerSuite",
-    "MixingStreamsSuite",
+    "HyperConnectionSuite",
     "MoeSuite",
     "PROMPT",
     "RecurrentMixerSuite",

@@ -320,62 +320,87 @@ class LayerSuite(Suite):
 
 
 def mixed_streams(
-    streams: torch.Tensor, weights: torch.Tensor, mixing: torch.Tensor, output: torch.Tensor
+    streams: torch.Tensor, weights: torch.Tensor, mixing: torch.Tensor | None, output: torch.Tensor
 ) -> torch.Tensor:
-    """The streams after a sublayer on an mHC block: ``mixing^T @ streams + weights * output``, per token."""
-    carried = mixing.to(streams.dtype).transpose(-1, -2) @ streams
+    """The streams after a sublayer on a hyper-connection block: ``mixing^T @ streams + weights * output``, per token.
+
+    ``mixing`` is ``None`` where the block carries the streams on unmixed.
+    """
+    carried = streams if mixing is None else mixing.to(streams.dtype).transpose(-1, -2) @ streams
     return carried + weights.to(streams.dtype).unsqueeze(-1) * output.unsqueeze(-2)
 
 
-class MixingStreamsSuite(LayerSuite):
-    """The residual streams through every ``MixingStreamsLayer``: the hyper-connections' reads, weights and mixing.
+class HyperConnectionSuite(LayerSuite):
+    """The residual streams through every ``HyperConnectionLayer``: the hyper-connections' reads, weights and mixing.
 
-    The layer suite's identities hold with the streams mixed at each sublayer
-    (``stream_after``), recomputed through the block's own hyper-connection
-    modules; the served weights and mixing are checked against what the
-    block did with them, and a write to each against the streams after it.
+    The layer suite's identities hold with the streams weighted (and mixed)
+    at each sublayer (``stream_after``), recomputed through the block's own
+    hyper-connection modules; the served weights and mixing are checked
+    against what the block did with them, and a write to each against the
+    streams after it.
     """
 
     #: Each sublayer's hyper-connection module on the block, in the forward's order.
     HYPER_CONNECTIONS = ("attn_hc", "ffn_hc")
 
+    @classmethod
+    def build_model(cls) -> StandardizedTransformer:
+        # Fresh hyper-connections weight every stream about alike, which would hide a weight or a mixing applied to the
+        # wrong stream: a checkpoint's biases (``base``) tell the streams apart, so draw some.
+        model = super().build_model()
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for block in model._module.modules():
+                for name in cls.HYPER_CONNECTIONS:
+                    connection = getattr(block, name, None)
+                    if isinstance(connection, torch.nn.Module):
+                        connection.base.copy_(torch.randn(connection.base.shape, generator=generator))
+        return model
+
+    def mixes(self, layer: int) -> bool:
+        return "mixing" in self.model.layers[layer].HYPER_CONNECTION
+
     def stream_after(self, layer: int, entering: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
-        block = self.model.layers[layer]._module
+        block = self.model.layers[layer]
         stream = entering
         for part, name in zip(parts, self.HYPER_CONNECTIONS, strict=False):
             with torch.no_grad():
-                weights, mixing, _ = getattr(block, name)(stream)
-            stream = mixed_streams(stream, weights, mixing, part)
+                returned = dict(zip(block.HYPER_CONNECTION, getattr(block._module, name)(stream), strict=True))
+            stream = mixed_streams(stream, returned["weights"], returned.get("mixing"), part)
         return stream
 
     def read_streams(self, layer: int) -> dict[str, torch.Tensor]:
         """Every stream value of block ``layer`` and its sublayers' outputs, in the forward's order."""
         block = self.model.layers[layer]
         mixer = "linear_attn" if getattr(block, "linear_attn", None) is not None else "self_attn"
-        names = ("layer_input", "attention_stream_weights", "attention_stream_mixing", "attention_stream_read")
-        names_after = ("layer_mid", "mlp_stream_weights", "mlp_stream_mixing", "mlp_stream_read")
         read: dict[str, torch.Tensor] = {}
         with self.model.trace(PROMPT):
-            read.update({name: getattr(block, name).save() for name in names})
-            read["attention_norm_output"] = block.attention_norm_output.save()
-            read["attention_output"] = getattr(block, mixer).attention_output.save()
-            read.update({name: getattr(block, name).save() for name in names_after})
-            read["mlp_norm_output"] = block.mlp_norm_output.save()
-            read["mlp_output"] = block.mlp.mlp_output.save()
+            read["layer_input"] = block.layer_input.save()
+            for sublayer, module in (("attention", getattr(block, mixer)), ("mlp", block.mlp)):
+                if sublayer == "mlp":
+                    read["layer_mid"] = block.layer_mid.save()
+                for returned in block.HYPER_CONNECTION:
+                    read[f"{sublayer}_stream_{returned}"] = getattr(block, f"{sublayer}_stream_{returned}").save()
+                read[f"{sublayer}_norm_output"] = getattr(block, f"{sublayer}_norm_output").save()
+                read[f"{sublayer}_output"] = getattr(module, f"{sublayer}_output").save()
             read["layer_output"] = block.layer_output.save()
         return read
 
-    def test_streams_are_mixed_and_weighted_as_served(self) -> None:
+    def test_streams_are_weighted_and_mixed_as_served(self) -> None:
         for layer in range(self.model.num_layers):
             read = self.read_streams(layer)
             streams = self.model.layers[layer].streams
-            assert read["layer_input"].shape[-2] == streams == read["attention_stream_mixing"].shape[-1]
+            assert read["layer_input"].shape[-2] == streams == read["attention_stream_weights"].shape[-1]
             for sublayer, before, after in (
                 ("attention", "layer_input", "layer_mid"),
                 ("mlp", "layer_mid", "layer_output"),
             ):
-                weights, mixing = read[f"{sublayer}_stream_weights"], read[f"{sublayer}_stream_mixing"]
-                close(mixing.sum(-1), torch.ones_like(mixing.sum(-1)), what=f"layers[{layer}]: {sublayer} mixing rows")
+                mixing = read.get(f"{sublayer}_stream_mixing")
+                if mixing is not None:
+                    # Sinkhorn's last step normalizes what each output stream takes; its rows are only near 1.
+                    columns = mixing.sum(-2)
+                    close(columns, torch.ones_like(columns), what=f"layers[{layer}]: {sublayer} mixing columns")
+                weights = read[f"{sublayer}_stream_weights"]
                 expected = mixed_streams(read[before], weights, mixing, read[f"{sublayer}_output"])
                 close(read[after], expected, what=f"layers[{layer}]: {after} vs mixing^T {before} + weights * output")
             norms = self.model.layers[layer]._module
@@ -389,18 +414,26 @@ class MixingStreamsSuite(LayerSuite):
     def test_written_weights_and_mixing_reach_the_streams(self) -> None:
         """Zero weights leave only the carried streams; the identity mixing carries each stream as it is."""
         block = self.model.layers[0]
+        mixes = self.mixes(0)
         with self.model.trace(PROMPT):
             clean = self.model.logits.save()
         with self.model.trace(PROMPT):
             entering = block.layer_input.save()
             block.attention_stream_weights[:] = 0
-            mixing = block.attention_stream_mixing.save()
+            if mixes:
+                mixing = block.attention_stream_mixing.save()
             mid = block.layer_mid.save()
             weighted_out = self.model.logits.save()
-        close(mid, mixing.transpose(-1, -2) @ entering, what="layer_mid with the attention's stream weights zeroed")
+        carried = mixing.transpose(-1, -2) @ entering if mixes else entering
+        close(mid, carried, what="layer_mid with the attention's stream weights zeroed")
         assert not torch.allclose(clean, weighted_out), (
             "zeroing the attention's stream weights left the logits as they were"
         )
+        if not mixes:
+            with raises(Unavailable, "unmixed"):
+                with self.model.trace(PROMPT):
+                    block.attention_stream_mixing.save()
+            return
         with self.model.trace(PROMPT):
             mid = block.layer_mid.save()
             block.mlp_stream_mixing = torch.eye(block.streams).expand_as(block.mlp_stream_mixing).clone()

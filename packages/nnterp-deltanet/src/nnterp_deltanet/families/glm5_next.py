@@ -11,13 +11,13 @@ mixers sit at ``self_attn``; the delta attention is standardized to
 
 from transformers.models.glm5_next import modeling_glm5_next as MODELING
 
-from nnterp import MixingStreams, Mlp, Moe, Scoring, TupleLayer
+from nnterp import HyperConnectionLayer, Mlp, Moe, Scoring, TupleLayer
 from nnterp_attention import Attention
 from nnterp_deltanet.blocks import SelfAttnMixerLayer
 from nnterp_deltanet.linear_attention import KimiDeltaAttention
 
 
-class Glm5NextLayer(MixingStreams, SelfAttnMixerLayer, TupleLayer):
+class Glm5NextLayer(HyperConnectionLayer, SelfAttnMixerLayer, TupleLayer):
     """GLM-5-Next's block: it returns the indexer's choices beside the streams, for a block that shares them."""
 
     STREAMS = "attn_hc.hc_mult"
