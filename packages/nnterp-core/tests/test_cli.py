@@ -97,7 +97,8 @@ def test_support_of_a_path_that_is_not_a_model_exits_2(core_plugin, tmp_path, ca
 
 def test_coverage_lists_every_causal_lm_with_the_family_that_serves_it(core_plugin):
     rows = nnterp.coverage()
-    wrappers = [t for f in nnterp.REGISTRY.families().values() if hasattr(f, "CAUSAL_LM") for t in f.MODEL_TYPES]
+    families = nnterp.REGISTRY.families().values()
+    wrappers = [f.CAUSAL_LM.config_class.model_type for f in families if hasattr(f, "CAUSAL_LM")]
     assert [row.model_type for row in rows] == [*MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, *wrappers]
     olmo = next(row for row in rows if row.model_type == "olmo")
     assert (olmo.family, olmo.plugin, olmo.served) == ("olmo", "core-tests", True)
@@ -127,11 +128,12 @@ def test_coverage_follows_a_plugin_that_claims_a_model_type():
 
 
 def test_coverage_lists_a_multimodal_type_a_family_loads_for_text():
-    """A wrapper transformers maps to no causal LM is listed once a family declares it its CAUSAL_LM."""
+    """A wrapper transformers maps to no causal LM is listed once a family declares it its CAUSAL_LM; the text
+    config's type the family names beside it is not a causal LM of its own."""
     from transformers import PaliGemmaForConditionalGeneration
 
     wrapper = types.ModuleType("wrapping_plugin.families.paligemma_for_text")
-    wrapper.MODEL_TYPES, wrapper.CAUSAL_LM = ("paligemma",), PaliGemmaForConditionalGeneration
+    wrapper.MODEL_TYPES, wrapper.CAUSAL_LM = ("paligemma", "siglip_text_model"), PaliGemmaForConditionalGeneration
     wrapper.ENVOYS, wrapper.RENAME, wrapper.TINY_CONFIG = {}, {}, {}
 
     class Wrapping:
@@ -150,6 +152,7 @@ def test_coverage_lists_a_multimodal_type_a_family_loads_for_text():
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     )
     assert (rows[-1].model_type, rows[-1].family, rows[-1].plugin) == ("paligemma", "paligemma_for_text", "wrapping")
+    assert "siglip_text_model" not in [row.model_type for row in rows]
 
 
 def test_coverage_finds_the_recurrent_kernels_a_modeling_module_declares():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import Any, ClassVar
 
 from nnterp import EProperty, unavailable
 from nnterp.layouts import HeadOutputs, Keys, Queries, Values
@@ -42,12 +42,21 @@ class QwenVisionAttention(VisionAttention):
     [1, patches, heads, head_dim], under every implementation but flash (one
     variable-length call there). ``attention_scores`` and
     ``attention_probabilities`` are unavailable (``PER_IMAGE``).
+
+    ``QUERIES`` and ``KEYS`` name the operations of the module's forward that
+    hold them: the first assignments after the rotary embedding, or later ones
+    in a forward that assigns them before it too (GLM-5-Next's per-head norms).
     """
+
+    #: Where the queries are read: their transposed assignment, after the rotary embedding.
+    QUERIES: ClassVar[str] = "source.query_states_0.output"
+    #: Where the keys are read: their transposed assignment, after the rotary embedding.
+    KEYS: ClassVar[str] = "source.key_states_0.output"
 
     attention_scores = unavailable(PER_IMAGE)
     attention_probabilities = unavailable(PER_IMAGE)
 
-    @EProperty("source.query_states_0.output")
+    @EProperty(lambda attention: type(attention).QUERIES)
     def attention_queries(self, value: Any) -> Queries:
         """Every image's queries, [1, heads, patches, head_dim], after the rotary embedding and before the split.
 
@@ -55,7 +64,7 @@ class QwenVisionAttention(VisionAttention):
         """
         return value
 
-    @EProperty("source.key_states_0.output")
+    @EProperty(lambda attention: type(attention).KEYS)
     def attention_keys(self, value: Any) -> Keys:
         """Every image's keys, [1, heads, patches, head_dim], after the rotary embedding and before the split.
 
@@ -82,7 +91,15 @@ class QwenVisionAttention(VisionAttention):
 
 
 @cache
-def _without_videos(processor: type) -> type:
+def without_videos(processor: type) -> type:
+    """A subclass of a Qwen-VL-style ``processor`` class whose parts are its image processor and tokenizer alone.
+
+    A processor's parts are the parameters its ``__init__`` names, so the
+    subclass is built without the video processor (whose classes need
+    torchvision), and the ``None`` its parent passes for it is dropped. Build
+    it with ``image_processor=`` and ``tokenizer=``; images only, no videos.
+    """
+
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
         processor.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
 
@@ -93,14 +110,12 @@ def images_only(processor: type, tokenizer: Any, patch_size: int) -> Any:
     """A Qwen-VL ``processor`` over ``tokenizer`` and the pillow image processor, with no video processor.
 
     The Qwen-VL processors take a video processor, whose classes need
-    torchvision. A processor's parts are the parameters its ``__init__``
-    names, so a subclass naming only the image processor and the tokenizer is
-    built without one, and the ``None`` its parent passes for the video
-    processor is dropped. Images are resized to between 4 and 16 merged
-    squares (``patch_size * 2`` pixels a side) of area; images only, no videos.
+    torchvision; this one is built without (``without_videos``). Images are
+    resized to between 4 and 16 merged squares (``patch_size * 2`` pixels a
+    side) of area; images only, no videos.
     """
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     side = patch_size * 2
     images = Qwen2VLImageProcessorPil(patch_size=patch_size, min_pixels=(2 * side) ** 2, max_pixels=(4 * side) ** 2)
-    return _without_videos(processor)(image_processor=images, tokenizer=tokenizer)
+    return without_videos(processor)(image_processor=images, tokenizer=tokenizer)

@@ -68,12 +68,14 @@ def causal_lm_types() -> list[str]:
     """The model types a causal LM loads as: ``AutoModelForCausalLM``'s, in its order, then those a family loads for text.
 
     A family's ``CAUSAL_LM`` is a multimodal wrapper transformers maps to no
-    causal LM (GLM-5-Next's), which nnterp loads for text.
+    causal LM (GLM-5-Next's), which nnterp loads for text: the type its config
+    declares is counted, not the text config's the family also names.
     """
     types = list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     for family in REGISTRY.families().values():
-        if getattr(family, "CAUSAL_LM", None) is not None:
-            types.extend(model_type for model_type in family.MODEL_TYPES if model_type not in types)
+        causal_lm = getattr(family, "CAUSAL_LM", None)
+        if causal_lm is not None and causal_lm.config_class.model_type not in types:
+            types.append(causal_lm.config_class.model_type)
     return types
 
 

@@ -25,6 +25,7 @@ def nnterp_namespace():
 
 @nnterp.hookimpl
 def nnterp_suites():
-    from .testing import DeltaNetSuite
+    from .families.glm5_next import Glm5NextVisionAttention
+    from .testing import DeltaNetSuite, Glm5NextVisionSuite
 
-    return {LinearAttention: DeltaNetSuite}
+    return {LinearAttention: DeltaNetSuite, Glm5NextVisionAttention: Glm5NextVisionSuite}

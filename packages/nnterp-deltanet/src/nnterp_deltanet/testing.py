@@ -1,4 +1,4 @@
-"""DeltaNetSuite: the properties every gated-DeltaNet mixer's values must have.
+"""DeltaNetSuite: the properties every gated-DeltaNet mixer's values must have; and GLM-5-Next's tower's suite.
 
 A family's test class mixes it in with the layer and attention suites::
 
@@ -27,6 +27,7 @@ from nnterp.components.routing import STASH
 from nnterp.registry import REGISTRY
 from nnterp.testing import PROMPT, RecurrentMixerSuite, blocks_with, close
 from nnterp.testing.recurrent import BATCH, STEPS
+from nnterp_attention.testing import QwenVisionSuite
 
 from .blocks import MissingMixer
 from .linear_attention import route_delta_rule
@@ -433,3 +434,52 @@ class DeltaNetSuite(RecurrentMixerSuite):
         else:
             raise AssertionError("an attention block served a linear_attn")
         assert isinstance(self.model.layers[self.recurrent_layers()[0]].linear_attn, RecurrentMixer)
+
+
+class Glm5NextVisionSuite(QwenVisionSuite):
+    """GLM-5-Next's tower: a Qwen ViT whose blocks take the patch embeddings as they are, then a final norm
+    (``tower_output``) and a downsampling convolution before the merger."""
+
+    def downsampled(self, tower: torch.Tensor) -> torch.Tensor:
+        """The tower's ``downsample`` convolution over ``tower_output``'s merge blocks: one vector per image token."""
+        side = self.model.vision.spatial_merge_size
+        blocks = tower[0].reshape(-1, side, side, tower.shape[-1]).permute(0, 3, 1, 2)
+        with torch.no_grad():
+            return self.model._module.model.visual.downsample(blocks).flatten(1)
+
+    def test_the_merger_folds_the_tower_output_into_the_image_tokens(self) -> None:
+        """``tower_output`` is the final norm of the last block's stream; ``downsample`` folds it into the merger's input."""
+        vision = self.model.vision
+        with self.model.trace(self.encoding()):
+            last = vision.layers[-1].layer_output.save()
+            tower = vision.tower_output.save()
+            entering = self.model.projector.input.save()
+            leaving = self.model.projector.output.save()
+            features = vision.image_features.save()
+        norm = self.model._module.model.visual.post_layernorm
+        rms = last * torch.rsqrt(last.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon) * norm.weight
+        close(tower, rms, what="vision.tower_output vs the RMS norm of the last block's output")
+        assert features.shape[0] == tower.shape[1] // vision.spatial_merge_size**2 == entering.shape[0]
+        close(entering, self.downsampled(tower), what="projector.input vs the downsampled tower_output")
+        close(features, leaving, what="image_features vs the merger's output")
+
+    def test_a_tower_output_write_is_what_the_downsampling_takes(self) -> None:
+        encoding = self.encoding()
+        vision = self.model.vision
+        with self.model.trace(encoding):
+            clean = vision.tower_output.save()
+            features = vision.image_features.save()
+        with self.model.trace(encoding):
+            vision.tower_output = vision.tower_output * 2
+            entering = self.model.projector.input.save()
+            written = vision.image_features.save()
+        # Doubling the last block's stream instead would leave the norm's output as it is.
+        close(entering, self.downsampled(2 * clean), what="projector.input after doubling tower_output")
+        assert not torch.allclose(written, features), "the tower_output write never reached image_features"
+
+    def test_patch_embeddings_enter_the_first_block(self) -> None:
+        """The positions are rotary, inside the attention: nothing is added to the patch embeddings."""
+        with self.model.trace(self.encoding()):
+            patches = self.model.vision.patch_embeddings.save()
+            entering = self.model.vision.layers[0].layer_input.save()
+        close(entering, patches, what="vision.layers[0].layer_input vs patch_embeddings")

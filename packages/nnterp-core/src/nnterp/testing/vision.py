@@ -201,7 +201,10 @@ class VisionSuite(Suite):
             entering = self.model.layers[0].layer_input.save()
         assert mask.dtype == torch.bool and mask.shape == encoding["input_ids"].shape
         assert int(mask.sum()) == features.shape[0] > 0
-        close(entering[mask], features.to(entering.dtype), what="layers[0].layer_input[image_token_mask]")
+        entering = entering[mask]
+        if entering.dim() > features.dim():  # several residual streams, each starting as the embeddings
+            features = features.unsqueeze(-2).expand_as(entering)
+        close(entering, features.to(entering.dtype), what="each stream of layers[0].layer_input[image_token_mask]")
 
     def test_writing_image_features_changes_the_text_from_the_first_image_token(self) -> None:
         encoding = self.encoding()
