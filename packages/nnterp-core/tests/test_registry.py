@@ -57,6 +57,24 @@ def test_unknown_family_names_the_installed_ones(core_plugin):
     assert not hasattr(nnterp.families, "nope")
 
 
+def test_a_model_type_given_as_a_family_names_the_family_that_serves_it():
+    stand_in = types.ModuleType("typing_plugin.families.xlnet_stand_in")
+    stand_in.MODEL_TYPES = ("xlnet",)
+    stand_in.ENVOYS, stand_in.RENAME, stand_in.TINY_CONFIG = {}, {}, {}
+
+    class Typing:
+        @nnterp.hookimpl
+        def nnterp_families(self):
+            return [stand_in]
+
+    nnterp.REGISTRY.register(Typing(), name="typing")
+    try:
+        with pytest.raises(UnknownFamily, match="'xlnet' is a model type, served by the family 'xlnet_stand_in'"):
+            nnterp.REGISTRY.family("xlnet")
+    finally:
+        nnterp.REGISTRY.unregister("typing")
+
+
 def test_unknown_model_type_names_it_the_plugins_and_the_distribution(core_plugin, monkeypatch):
     monkeypatch.setitem(KNOWN_DISTRIBUTIONS, "xlnet", "nnterp-xlnet")
     with pytest.raises(UnknownModelType) as raised:

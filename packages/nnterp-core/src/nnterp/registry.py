@@ -290,9 +290,15 @@ class Registry:
         """The family called ``name`` (``"llama"``, ``"qwen3_5_text"``)."""
         families = self.index["families"]
         if name not in families:
+            serving = self.index["model_types"].get(name)
+            hint = (
+                self._hint(name)
+                if serving is None
+                else f". {name!r} is a model type, served by the family {family_name(serving)!r}: name that"
+            )
             raise UnknownFamily(
                 f"no installed nnterp plugin provides a family named {name!r}; installed families: "
-                f"{', '.join(sorted(families)) or '(none)'}" + self._hint(name)
+                f"{', '.join(sorted(families)) or '(none)'}" + hint
             )
         return families[name]
 
