@@ -151,23 +151,13 @@ def needs_kernel_call(envoy: "RecurrentMixer") -> str | None:
 
     The arguments are read at the call in the mixer's own forward, whatever
     the kernel's name is bound to (routed, transformers' default, or an
-    optimized package's kernel). So the reasons are the forward's: it makes no
-    such call, or it makes it once per head, one head after another
-    (``RecurrentMixer.CALLS_PER_FORWARD``): the first head's call holds only
-    that head's arguments, and by the last head's call the first heads'
-    kernels have run, so a value across the heads could not be written back.
+    optimized package's kernel). So the reason is the forward's: it makes no
+    such call.
     """
-    cls, module = type(envoy), envoy._module
-    for call in cls.calls():
+    module = envoy._module
+    for call in type(envoy).calls():
         if bound_kernel(envoy, call.label) is None:
             return f"{type(module).__name__}'s forward calls no {call.function}"
-    calls = 1 if cls.CALLS_PER_FORWARD is None else getattr(module, cls.CALLS_PER_FORWARD)
-    if calls != 1:
-        return (
-            f"{type(module).__name__}'s forward calls {cls.PROMPT.function} {calls} times, once per head "
-            f"({cls.CALLS_PER_FORWARD}={calls}), one head after another, and nnterp serves a kernel's values at one "
-            f"call per forward; read the mixer's attention_output, or the block's layer values, instead"
-        )
     return None
 
 

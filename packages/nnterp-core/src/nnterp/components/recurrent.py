@@ -54,6 +54,23 @@ from .standard import Sublayer, axis_size, contribution
 SERVED_FROM = "_nnterp_served_from"
 
 
+def needs_token_place(envoy: "RecurrentMixer") -> str | None:
+    """Why ``state``, one place per token, is unavailable on ``envoy``, or ``None``: no per-token states, or a forward
+    binding each token's state once per kernel call (``CALLS_PER_FORWARD``)."""
+    reason = needs_recurrent_routing(envoy)
+    if reason is not None:
+        return reason
+    calls = envoy.calls_per_forward()
+    if calls == 1:
+        return None
+    return (
+        f"{type(envoy._module).__name__}'s forward calls its kernel {calls} times, once per head "
+        f"({type(envoy).CALLS_PER_FORWARD}={calls}), each binding its own channels' state after every token, so the "
+        f"state after a token is not one place tracer.iter can step to; read states or state_after(t), and write "
+        f"set_state_after(t, value), instead"
+    )
+
+
 class RecurrentMixer(CallOrder, Sublayer):
     """A sequence mixer with a recurrent state, read at the kernel call its forward makes.
 
@@ -71,8 +88,13 @@ class RecurrentMixer(CallOrder, Sublayer):
       loop, or chunk boundaries one token apart).
     - ``CALLS_PER_FORWARD``: where the forward makes its kernel call more than
       once (Zamba's scan, once per Mamba head in a loop), the module attribute
-      counting the calls; the kernel's values are then unavailable unless it
-      is 1 (:func:`~.kernels.needs_kernel_call`).
+      counting the calls. Each call is over a slice of the state's axis 1,
+      one after the other, so a subclass declaring it reads the values where
+      the forward holds every head's at once (its ``call_arguments``), and
+      the state after token ``t`` is that of every call in turn: occurrence
+      ``first + call * seq + t`` of the token loop's state, joined along axis
+      1 by ``states``, ``state_after`` and ``set_state_after``; ``state``,
+      one place per token, is then unavailable.
 
     - ``BRANCH``: the binding the forward makes before it picks a kernel,
       ``True`` when the call continues a cached state; ``SEQ_OP``: the masking
@@ -104,6 +126,7 @@ class RecurrentMixer(CallOrder, Sublayer):
     #: The mixer module's attribute counting the kernel calls one forward makes, where the forward calls its kernel
     #: in a loop (``"n_mamba_heads"``); ``None``: once per forward.
     CALLS_PER_FORWARD: str | None = None
+
     #: The layout axis ``token_mixing`` has a row per: the state's heads, or Mamba-1's channels.
     MIXING_HEADS: str = MIXER_HEADS
     #: The call inside transformers' hub dispatcher wrapper that runs the kernel's body.
@@ -120,6 +143,11 @@ class RecurrentMixer(CallOrder, Sublayer):
     def calls(cls) -> tuple[KernelCall, KernelCall]:
         """The mixer's two kernel calls: the prompt's and the decode step's."""
         return cls.PROMPT, cls.DECODE
+
+    def calls_per_forward(self) -> int:
+        """How many kernel calls one forward of this mixer makes, one after the other (``CALLS_PER_FORWARD``)."""
+        attribute = type(self).CALLS_PER_FORWARD
+        return 1 if attribute is None else getattr(self._module, attribute)
 
     def kernel_call(self) -> KernelCall:
         """The kernel call that fires on this call of the mixer (``PROMPT`` or ``DECODE``), decided once per call.
@@ -302,6 +330,10 @@ class RecurrentMixer(CallOrder, Sublayer):
         call may need them (``call_arguments``).
         """
         self.call_arguments()
+        return self._body_path(label)
+
+    def _body_path(self, label: str) -> str:
+        """``kernel_body``'s path, without reading the call's arguments first."""
         bound = bound_kernel(self, label)
         body = f"source.{label}.source"
         return body if bound is dispatch(bound).torch_function else f"{body}.{self.DISPATCHED}.source"
@@ -318,6 +350,10 @@ class RecurrentMixer(CallOrder, Sublayer):
         return value
 
     # -- the state after every token ----------------------------------------------
+
+    def call_length(self) -> int:
+        """This call's sequence length, from the kernel call's recorded arguments (``_seq``)."""
+        return self._seq(*self.call_arguments())
 
     def _seq(self, args: tuple, kwargs: dict) -> int:
         """The kernel call's sequence length: one token on a decode step (whose update may take no sequence axis),
@@ -340,10 +376,10 @@ class RecurrentMixer(CallOrder, Sublayer):
         def locate() -> tuple[Any, int, int]:
             declared = self.kernel_call()
             call = getattr(self.source, declared.label)
-            args, kwargs = self.call_arguments()
+            seq = self.call_length()
             name = declared.token_state
             first = Mediator.current(name).occurrence(f"{call.path}.source.{name}.output")
-            return getattr(call.source, name), first, self._seq(args, kwargs)
+            return getattr(call.source, name), first, seq
 
         return per_call(self, "call", locate)
 
@@ -356,7 +392,7 @@ class RecurrentMixer(CallOrder, Sublayer):
             getattr(self.source, call.label).source
         return f"source.{call.label}.source.{call.token_state}.output"
 
-    @EProperty(_token_state_op, unavailable=needs_recurrent_routing)
+    @EProperty(_token_state_op, unavailable=needs_token_place)
     def state(self, value: Any) -> State:
         """The state after a token of this call, one occurrence per token; needs route_kernels(family, 'torch').
 
@@ -381,18 +417,33 @@ class RecurrentMixer(CallOrder, Sublayer):
         return self.per_token_states()
 
     def per_token_states(self) -> States:
-        """Every token's state as the model binds it: one occurrence per token of ``token_state``, gathered as they come."""
+        """Every token's state as the model binds it: one occurrence per token of ``token_state``, gathered as they come.
+
+        Where the forward makes several kernel calls (``CALLS_PER_FORWARD``),
+        each call's tokens in turn, its states a slice of axis 1.
+        """
         op, first, seq = self._token_op()
+        calls = self.calls_per_forward()
         states = None
-        for t in range(seq):
-            with pinned(first + t):
-                state = op.output
-            if states is None:
-                states = state.new_empty((state.shape[0], seq, *state.shape[1:]))
-            # Copied into one buffer as they come, so the kernel's per-token tensors are freed
-            # and reused rather than kept until a final stack.
-            states[:, t] = state
+        for call in range(calls):
+            for t in range(seq):
+                with pinned(first + call * seq + t):
+                    state = op.output
+                if states is None:
+                    width = state.shape[1]
+                    states = state.new_empty((state.shape[0], seq, width * calls, *state.shape[2:]))
+                # Copied into one buffer as they come, so the kernel's per-token tensors are freed
+                # and reused rather than kept until a final stack.
+                states[:, t, call * width : (call + 1) * width] = state
+            self.passing_call(call)
         return states
+
+    def passing_call(self, call: int) -> None:
+        """Read what kernel call ``call`` of this forward binds after its tokens, before the next call's tokens pass it.
+
+        Called where the per-token states move on from one of the forward's
+        kernel calls to the next (``CALLS_PER_FORWARD``); by default nothing.
+        """
 
     states = DerivedEProperty(_states, unavailable=needs_recurrent_routing)
 
@@ -480,13 +531,13 @@ class RecurrentMixer(CallOrder, Sublayer):
 
         Raises:
             ValueError: outside a trace.
-            nnterp.Unavailable: the forward makes no single kernel call to read (``needs_kernel_call``).
+            nnterp.Unavailable: the forward makes no such kernel call (``needs_kernel_call``).
         """
         inside_trace(self, f"{what}()")
         reason = needs_kernel_call(self)
         if reason is not None:
             raise Unavailable(f"{what} on {standard_path(self)}: {reason}")
-        return select_positions(positions, self._seq(*self.call_arguments()))
+        return select_positions(positions, self.call_length())
 
     def _mixing(self, what: str, positions: Positions, heads: Heads) -> TokenMixing:
         rows, order, single_row = self._rows_of_call(what, positions)
@@ -556,7 +607,7 @@ class RecurrentMixer(CallOrder, Sublayer):
         if reason is not None:
             raise Unavailable(f"{method} on {standard_path(self)}: {reason}")
         self.check_order("states")
-        seq = self._seq(*self.call_arguments())
+        seq = self.call_length()
         if not -seq <= t < seq:
             raise IndexError(
                 f"{method}({t}) on {standard_path(self)}: this call has {seq} token(s), so t is in [{-seq}, {seq})"
@@ -573,11 +624,14 @@ class RecurrentMixer(CallOrder, Sublayer):
         position = self._position("state_after", t)
         if self._token_passed(position):
             return self._recomputed(f"state_after({t})", position)
-        op, first, _ = self._token_op()
-        with pinned(first + position):
-            state = op.output
+        op, first, seq = self._token_op()
+        pieces = []
+        for call in range(self.calls_per_forward()):
+            with pinned(first + call * seq + position):
+                pieces.append(op.output)
+            self.passing_call(call)
         self.record_order("states")
-        return state
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Assign the state after token ``t``: the tokens after it continue from ``value``.
@@ -597,8 +651,17 @@ class RecurrentMixer(CallOrder, Sublayer):
                 f"so the write could not reach the tokens after it; write the state before reading states or any "
                 f"later position or value of this call ({self.order_hint('set_state_after')})"
             )
-        op, first, _ = self._token_op()
-        with pinned(first + position):
-            type(self).state.check_layout(self, op.output, value)
-            op.output = value
+        op, first, seq = self._token_op()
+        calls = self.calls_per_forward()
+        for call, piece in enumerate(value.chunk(calls, dim=1) if calls > 1 else (value,)):
+            with pinned(first + call * seq + position):
+                if call == 0:
+                    current = op.output
+                    if calls > 1:  # each call binds a slice of axis 1
+                        current = current.new_empty(
+                            (current.shape[0], current.shape[1] * calls, *current.shape[2:]), device="meta"
+                        )
+                    type(self).state.check_layout(self, current, value)
+                op.output = piece
+            self.passing_call(call)
         self.record_order("states", written=True)
