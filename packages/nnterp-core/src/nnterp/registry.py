@@ -91,6 +91,7 @@ KNOWN_DISTRIBUTIONS = {
             "kimi_linear",
             "bailing_hybrid",
             "glm5_next",
+            "glm5_next_text",
             "lara_mini",
             "qwen4_exp",
             "qwen4_exp_text",
