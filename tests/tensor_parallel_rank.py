@@ -1,12 +1,13 @@
 """One rank of a tensor-parallel run (``torchrun``, see test_tensor_parallel): every value support() lists, and writes.
 
-``python tensor_parallel_rank.py DIRECTORY OUT [--route] VALUE... [--gradients VALUE...]``: rank 0
+``python tensor_parallel_rank.py DIRECTORY OUT [--route] VALUE... [--gradients VALUE...] [--through VALUE...]``: rank 0
 saves what it read (the values served, the reasons of those refused) and,
 for each ``VALUE`` (``"layer.owner.name"``), the logits after halving it by
 assignment and after halving it in place under ``torch.no_grad()``, and
 its value on each of three greedy decode steps; for each ``--gradients``
 value, the gradients of the logits' sum with respect to it and to the
-embeddings.
+embeddings; for each ``--through`` value, read but not differentiated, the
+embeddings' gradient alone, which passes back through the value as served.
 ``--route`` routes the family's recurrent kernels to torch first, so the
 per-token states are served too.
 """
@@ -25,6 +26,7 @@ parser.add_argument("directory")
 parser.add_argument("out")
 parser.add_argument("--route", action="store_true")
 parser.add_argument("--gradients", nargs="*", default=[])
+parser.add_argument("--through", nargs="*", default=[])
 parser.add_argument("written", nargs="*")
 arguments = parser.parse_intermixed_args()
 model = StandardizedTransformer(
@@ -61,6 +63,16 @@ for key in arguments.gradients:
         logits = model.logits
         with logits.sum().backward():
             gradients[key] = (read.grad.save(), embedded.grad.save())
+through = {}
+for key in arguments.through:
+    layer, name = key.split(".", 1)
+    owner, value = block_value(model, int(layer), name)
+    with model.trace(PROMPT):
+        embedded = model.layers[0].layer_input
+        getattr(owner, value).save()
+        logits = model.logits
+        with logits.sum().backward():
+            through[key] = embedded.grad.save()
 decoded = []
 with model.generate(PROMPT, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
     for _ in tracer.iter[0:3]:
@@ -73,5 +85,5 @@ with model.trace(PROMPT):
 if dist.get_rank() == 0:
     read = {"served": served, "refused": refused, "assigned": assigned, "edited": edited, "projected": projected}
     read["generated"] = (decoded, tokens)
-    read["gradients"] = gradients
+    read["gradients"], read["through"] = gradients, through
     torch.save(read, arguments.out)

@@ -1,7 +1,7 @@
 """A model split by transformers' tensor parallelism serves every value whole, and takes every write whole.
 
 ``torchrun --nproc-per-node 2`` on the CPU (gloo) runs ``tensor_parallel_rank.py``
-on a tiny Llama and a tiny Qwen3-Next, each with two key/value heads; what rank
+on a tiny Llama, Qwen3-Next and Mixtral, each with two key/value heads; what rank
 0 read is compared with one process reading the same checkpoint. Between them
 the values cover the three ways a rank holds a value: whole (the residual
 stream; Qwen3-Next's gated DeltaNet, whose projections gather their output), a
@@ -31,13 +31,14 @@ from nnterp.testing import PROMPT, block_value, close, save_tiny
 RANK = pathlib.Path(__file__).with_name("tensor_parallel_rank.py")
 
 #: family -> (tiny config overrides, route its kernels to torch, the values each run writes, in the forward's order,
-#: the values it takes gradients of)
+#: the values it takes gradients of, the values the embeddings' gradient alone is taken through)
 MODELS = {
     "llama": (
         {},
         False,
         ["0.self_attn.attention_queries", "0.mlp.mlp_activation", "1.self_attn.attention_probabilities"],
         ["0.self_attn.attention_queries", "0.mlp.mlp_activation", "1.self_attn.attention_probabilities"],
+        [],
     ),
     "qwen3_next": (
         {"num_attention_heads": 4, "num_key_value_heads": 2},
@@ -50,21 +51,25 @@ MODELS = {
         ],
         # nnsight 0.8's backward on this split model stops before any .grad is served, plain module outputs included
         [],
+        [],
     ),
+    # Each expert slot's output is a term of the sum the ranks all-reduce; nnsight 0.8 serves no .grad of it (nor in
+    # one process), but the model's gradient passes back through it as served.
+    "mixtral": ({}, False, ["0.mlp.expert_outputs"], ["1.self_attn.attention_probabilities"], ["0.mlp.expert_outputs"]),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def split(request, tmp_path_factory):
     """The checkpoint, what rank 0 of a two-rank run read from it, the values written, and a one-process load."""
-    overrides, route, written, differentiated = MODELS[request.param]
+    overrides, route, written, differentiated, through = MODELS[request.param]
     directory = save_tiny(request.param, str(tmp_path_factory.mktemp(request.param)), **overrides)
     out = tmp_path_factory.mktemp("rank0") / "read.pt"
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     # --standalone: a free port of its own, not 29500, which the previous run may still hold.
     command = [torchrun, "--standalone", "--nproc-per-node", "2", str(RANK), directory, str(out)]
     command += ["--route", *written] if route else written
-    command += ["--gradients", *differentiated]
+    command += ["--gradients", *differentiated, "--through", *through]
     environment = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     for _ in range(2):
         run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
@@ -167,3 +172,20 @@ def test_expert_parallelism_before_5_19_is_refused_before_the_model_loads(tmp_pa
         ValueError, match=r"expert parallelism \(enable_expert_parallel, ep_size\) needs transformers 5.19"
     ):
         StandardizedTransformer(directory, distributed_config=DistributedConfig(tp_size=2, enable_expert_parallel=True))
+
+
+def test_the_model_gradient_passes_through_a_summed_value_as_in_one_process(split):
+    """A term of a sum is served as the sum on every rank; the model's gradient flows back into each rank's term."""
+    read, _, model = split
+    if not read["through"]:
+        pytest.skip("this model's run takes no gradient through a value it reads alone")
+    for key, embedded in read["through"].items():
+        layer, name = key.split(".", 1)
+        with model.trace(PROMPT):
+            embeddings = model.layers[0].layer_input
+            getattr(*block_value(model, int(layer), name)).save()
+            logits = model.logits
+            with logits.sum().backward():
+                expected = embeddings.grad.save()
+        scale = expected.abs().max().item()
+        close(embedded / scale, expected / scale, what=f"the embeddings' gradient, with {key} read, on rank 0")
