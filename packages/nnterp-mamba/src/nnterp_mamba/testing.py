@@ -14,9 +14,9 @@ and a state written at token t against the outputs before and after t.
 
 from __future__ import annotations
 
+import unittest
 from typing import ClassVar
 
-import pytest
 import torch
 
 from nnterp.testing import PROMPT, RecurrentMixerSuite, close
@@ -218,7 +218,9 @@ class SelectiveScanSuite(RecurrentMixerSuite):
         layer = self.recurrent_layers()[0]
         mixer = self.model.layers[layer].linear_attn
         if not self.walks_tokens(layer):
-            pytest.skip("state, one place per token, is unavailable here: the state write test writes set_state_after")
+            raise unittest.SkipTest(
+                "state, one place per token, is unavailable here: the state write test writes set_state_after"
+            )
         with self.model.trace(PROMPT) as tracer:
             for _ in tracer.iter[token]:
                 mixer.state = torch.zeros_like(mixer.state)
