@@ -7,7 +7,7 @@ assignment and after halving it in place under ``torch.no_grad()``, and
 its value on each of three greedy decode steps; for each ``--gradients``
 value, the gradients of the logits' sum with respect to it and to the
 embeddings; for each ``--through`` value, read but not differentiated, the
-embeddings' gradient alone, which passes back through the value as served.
+embeddings' gradient alone (``None`` in its place for the value's own).
 ``--route`` routes the family's recurrent kernels to torch first, so the
 per-token states are served too.
 """
@@ -54,7 +54,7 @@ for key in arguments.written:
         getattr(owner, value)[:] *= 0.5
         edited[key] = model.logits.save()
 gradients = {}
-for key in arguments.gradients:
+for key in [*arguments.gradients, *arguments.through]:
     layer, name = key.split(".", 1)
     owner, value = block_value(model, int(layer), name)
     with model.trace(PROMPT):
@@ -62,17 +62,8 @@ for key in arguments.gradients:
         read = getattr(owner, value)
         logits = model.logits
         with logits.sum().backward():
-            gradients[key] = (read.grad.save(), embedded.grad.save())
-through = {}
-for key in arguments.through:
-    layer, name = key.split(".", 1)
-    owner, value = block_value(model, int(layer), name)
-    with model.trace(PROMPT):
-        embedded = model.layers[0].layer_input
-        getattr(owner, value).save()
-        logits = model.logits
-        with logits.sum().backward():
-            through[key] = embedded.grad.save()
+            own = read.grad.save() if key in arguments.gradients else None
+            gradients[key] = (own, embedded.grad.save())
 decoded = []
 with model.generate(PROMPT, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
     for _ in tracer.iter[0:3]:
@@ -85,5 +76,5 @@ with model.trace(PROMPT):
 if dist.get_rank() == 0:
     read = {"served": served, "refused": refused, "assigned": assigned, "edited": edited, "projected": projected}
     read["generated"] = (decoded, tokens)
-    read["gradients"], read["through"] = gradients, through
+    read["gradients"] = gradients
     torch.save(read, arguments.out)
