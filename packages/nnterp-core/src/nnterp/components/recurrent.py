@@ -126,7 +126,6 @@ class RecurrentMixer(CallOrder, Sublayer):
     #: The mixer module's attribute counting the kernel calls one forward makes, where the forward calls its kernel
     #: in a loop (``"n_mamba_heads"``); ``None``: once per forward.
     CALLS_PER_FORWARD: str | None = None
-
     #: The layout axis ``token_mixing`` has a row per: the state's heads, or Mamba-1's channels.
     MIXING_HEADS: str = MIXER_HEADS
     #: The call inside transformers' hub dispatcher wrapper that runs the kernel's body.
