@@ -3,8 +3,8 @@
 import pytest
 
 import nnterp
-from nnterp.components.kernels import dispatch
 from nnterp.components.routing import STASH
+from nnterp.forward_source import callee
 from nnterp_deltanet.families import qwen3_5_text
 
 
@@ -13,7 +13,7 @@ def test_route_delta_rule_is_in_the_nnterp_namespace_and_restores_the_import_tim
     imported = (modeling.torch_chunk_gated_delta_rule, modeling.torch_recurrent_gated_delta_rule)
     nnterp.route_delta_rule(nnterp.families.qwen3_5_text, "recurrent")
     try:
-        token_loop = dispatch(imported[1]).torch_function
+        token_loop = callee(imported[1]).torch_function
         assert modeling.torch_chunk_gated_delta_rule is token_loop
         assert modeling.torch_recurrent_gated_delta_rule is token_loop
         nnterp.route_kernels(qwen3_5_text, "torch")  # routing twice keeps the import-time kernels to restore

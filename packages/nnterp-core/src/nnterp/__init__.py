@@ -16,7 +16,7 @@ from typing import Any
 
 from . import families, layouts
 from .census import Coverage, coverage
-from .components.kernels import needs_torch_kernels
+from .components.call_site import needs_torch_kernels
 from .components.layer import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, Layer, TupleLayer
 from .components.mlp import Mlp
 from .components.moe import Moe, Scoring, mixture_reason, needs_grouped_experts, no_shared_expert

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -12,17 +11,21 @@ import torch
 from nnterp import EProperty
 from nnterp.analysis import TokenMixing
 from nnterp.components.call_order import RETURNED_TOGETHER
-from nnterp.components.kernels import ENTERING_STATE, KernelCall, argument, kernel, needs_torch_kernels
+from nnterp.components.call_site import ArgumentOf, argument, kernel, needs_torch_kernels
+from nnterp.components.declaration import ENTERING_STATE, KernelCall
 from nnterp.components.per_token import TOKEN_LOOP
 from nnterp.components.recurrent import RecurrentMixer
 from nnterp.components.routing import route_kernels
 from nnterp.descriptor import ArgumentSelection, BoundArgument
+from nnterp.forward_source import Binding
 from nnterp.layouts import ChannelGates, Gates, LinearHeadOutputs, LinearQK, LinearV, State, States
 from nnterp.positions import Positions
 
 from .mixing import delta_rule_mixing, delta_rule_readout
 from .trajectory import delta_rule_states
 
+#: Inside the token-by-token rule: the state after each token, the last binding in its loop over tokens.
+TOKEN_STATE = Binding("last_recurrent_state", loop=True)
 #: route_delta_rule's modes and the route_kernels modes they are.
 DELTA_RULE_MODES = {"recurrent": "torch", "chunked": "default"}
 
@@ -56,15 +59,13 @@ class Widened(ArgumentSelection):
         return self.argument.place(self.widen(arguments), value)
 
 
-def widened(name: str) -> Callable[["LinearAttention"], Widened]:
+@dataclass(frozen=True)
+class WidenedArgument(ArgumentOf):
     """The ``select`` of the queries (``"query"``) or keys (``"key"``), repeated up to the value heads."""
-    other = {"query": "key", "key": "query"}[name]
 
-    def select(envoy: "LinearAttention") -> Widened:
-        call = envoy.kernel_call()
-        return Widened(call.argument(envoy, name), call.argument(envoy, other), envoy.mixer_heads)
-
-    return select
+    def __call__(self, envoy: "LinearAttention") -> Widened:
+        other = {"query": "key", "key": "query"}[self.name]
+        return Widened(envoy.kernel_call_argument(self.name), envoy.kernel_call_argument(other), envoy.mixer_heads)
 
 
 class LinearAttention(RecurrentMixer):
@@ -89,8 +90,8 @@ class LinearAttention(RecurrentMixer):
     """
 
     # routed, a prompt runs the decode step's token loop, whose body binds the state after each token
-    PROMPT = KernelCall("torch_chunk_gated_delta_rule_0", "initial_state", "last_recurrent_state_3")
-    DECODE = KernelCall("torch_recurrent_gated_delta_rule_0", "initial_state", "last_recurrent_state_3")
+    PROMPT = KernelCall("torch_chunk_gated_delta_rule", "initial_state", TOKEN_STATE)
+    DECODE = KernelCall("torch_recurrent_gated_delta_rule", "initial_state", TOKEN_STATE)
     PER_TOKEN = TOKEN_LOOP
     # both kernels return (head outputs, final state)
     ORDER = RETURNED_TOGETHER
@@ -115,7 +116,7 @@ class LinearAttention(RecurrentMixer):
 
     # -- values at the kernel call ----------------------------------------------
 
-    @EProperty(kernel("inputs"), select=widened("query"), unavailable=needs_torch_kernels)
+    @EProperty(kernel("inputs"), select=WidenedArgument("query"), unavailable=needs_torch_kernels)
     def attention_queries(self, value: Any) -> LinearQK:
         """The queries the delta rule receives, [batch, seq, heads, key_dim].
 
@@ -129,7 +130,7 @@ class LinearAttention(RecurrentMixer):
     def attention_queries(self, view: torch.Tensor, element: Any) -> torch.Tensor:
         return view
 
-    @EProperty(kernel("inputs"), select=widened("key"), unavailable=needs_torch_kernels)
+    @EProperty(kernel("inputs"), select=WidenedArgument("key"), unavailable=needs_torch_kernels)
     def attention_keys(self, value: Any) -> LinearQK:
         """The keys the delta rule receives, [batch, seq, heads, key_dim], repeated to the value heads.
 
@@ -229,8 +230,8 @@ class KimiDeltaAttention(LinearAttention):
     ``linear_attn``.
     """
 
-    PROMPT = KernelCall("chunk_kimi_delta_attention_0", "initial_state", "last_recurrent_state_2")
-    DECODE = KernelCall("recurrent_kimi_delta_attention_0", "initial_state", "last_recurrent_state_2")
+    PROMPT = KernelCall("chunk_kimi_delta_attention", "initial_state", TOKEN_STATE)
+    DECODE = KernelCall("recurrent_kimi_delta_attention", "initial_state", TOKEN_STATE)
 
     @property
     def mixer_heads(self) -> int:

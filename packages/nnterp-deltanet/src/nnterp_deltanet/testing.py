@@ -21,9 +21,10 @@ from contextlib import contextmanager
 import torch
 
 from nnterp import RecurrentMixer, StandardizedTransformer, Unavailable, axis_size, route_kernels
-from nnterp.components.kernels import dispatch, modeling_module
+from nnterp.components.declaration import modeling_module
 from nnterp.components.per_token import TOKEN_LOOP, TRACED_BEFORE_ROUTING
 from nnterp.components.routing import STASH
+from nnterp.forward_source import callee
 from nnterp.registry import REGISTRY
 from nnterp.testing import PROMPT, RecurrentMixerSuite, blocks_with, close
 from nnterp.testing.recurrent import BATCH, STEPS
@@ -393,11 +394,11 @@ class DeltaNetSuite(RecurrentMixerSuite):
             warnings.filterwarnings("ignore", r"route_kernels.*already traced")
             with self.default_kernels():
                 imported = bindings()
-                assert [dispatch(imported[name]).torch_function.__name__ for name in names] == names, (
+                assert [callee(imported[name]).torch_function.__name__ for name in names] == names, (
                     f"unrouted, {modeling.__name__} does not bind each kernel name to its own kernel: {imported}"
                 )
-                token_loop = dispatch(imported[names[1]]).torch_function
-                assert token_loop is not dispatch(imported[names[0]]).torch_function
+                token_loop = callee(imported[names[1]]).torch_function
+                assert token_loop is not callee(imported[names[0]]).torch_function
                 rejects_bad_arguments("unrouted")
                 for how, route, unroute in (
                     ("the family", lambda: route_kernels(family, "torch"), lambda: route_kernels(family, "default")),

@@ -8,11 +8,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels, per_call
+from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels
 from nnterp.analysis.mixing import Heads, TokenMixing
 from nnterp.components.call_order import RETURNED_TOGETHER
-from nnterp.components.kernels import ENTERING_STATE, KernelCall, argument, kernel
+from nnterp.components.call_site import argument, kernel
+from nnterp.components.declaration import ENTERING_STATE, KernelCall
 from nnterp.components.per_token import ScanLoop
+from nnterp.forward_source import Binding, Call
 from nnterp.layouts import CHANNELS, ScanDecays, ScanMixing, ScanQK, ScanState, ScanStates, ScanSteps, ScanValues
 from nnterp.order import standard_path
 from nnterp.positions import Positions
@@ -112,18 +114,28 @@ class SelectiveScan(RecurrentMixer):
     ``set_state_after`` reach every position of a prompt.
     """
 
-    # a prompt's scan starts from zeros; the update's parameters are the mixer's names
+    # a prompt's scan starts from zeros, binding the state after each token in its loop; the update's parameters
+    # are the mixer's names. Inside each: y = C . h + D * x before the silu(z) gate (head_outputs), and inside the
+    # update the new state as the cache's ``state.copy_`` receives it (updated_state)
     PROMPT = KernelCall(
-        "mamba_selective_scan_0", None, "ssm_state_3", {"dt_bias": "delta_bias", "dt_softplus": "delta_softplus"}
+        "mamba_selective_scan",
+        None,
+        Binding("ssm_state", loop=True),
+        {"dt_bias": "delta_bias", "dt_softplus": "delta_softplus"},
+        {"head_outputs": Binding("scan_output", under="D is not None")},
     )
-    DECODE = KernelCall("mamba_selective_state_update_0", "state", "ssm_state_0")
+    DECODE = KernelCall(
+        "mamba_selective_state_update",
+        "state",
+        Binding("ssm_state"),
+        reads={
+            "head_outputs": Binding("out", under="D is not None"),
+            "updated_state": Call("ssm_state.to", within="state.copy_"),
+        },
+    )
     PER_TOKEN = SelectiveScanLoop()
     #: token_mixing's heads: each channel runs its own recurrence over its own x
     MIXING_HEADS = CHANNELS
-    #: Inside each kernel (scan, update): the binding of y = C . h + D * x, before the silu(z) gate.
-    HEAD_OUTPUTS = ("scan_output_5", "out_1")
-    #: Inside the update: the new state as the cache's ``state.copy_`` receives it.
-    UPDATED_STATE = "ssm_state_to_0"
     KIND = "Mamba-1 selective scan"
     # a prompt's final state comes back with the scan's output; a decode step's is read on either side of y
     DECODE_ORDER = RETURNED_TOGETHER
@@ -150,10 +162,6 @@ class SelectiveScan(RecurrentMixer):
     def _prompt_length(self, args: tuple, kwargs: dict) -> int:
         """The scan's length: its x is channel-first, [batch, channels, seq]."""
         return self.argument("hidden_states", (args, kwargs)).shape[2]
-
-    def _inside(self, operation: str) -> str:
-        """The key of ``operation``, a binding inside the kernel that fires on this call."""
-        return f"{per_call(self, 'body', lambda: self.kernel_body(self.kernel_call().label))}.{operation}.output"
 
     # -- the values --------------------------------------------------------------------
 
@@ -234,7 +242,7 @@ class SelectiveScan(RecurrentMixer):
         return cached
 
     def _head_outputs_key(self) -> str:
-        return self._inside(self.HEAD_OUTPUTS[self.decoding()])
+        return self.inside("head_outputs")
 
     @EProperty(_head_outputs_key, unavailable=needs_torch_kernels)
     def attention_head_outputs(self, value: Any) -> ScanValues:
@@ -251,7 +259,7 @@ class SelectiveScan(RecurrentMixer):
 
     def _state_output_key(self) -> str:
         if self.decoding():
-            return kernel("output")(self) if self.reads_state_after_the_update() else self._inside(self.UPDATED_STATE)
+            return kernel("output")(self) if self.reads_state_after_the_update() else self.inside("updated_state")
         if not self.argument("return_last_state"):
             raise Unavailable(f"state_output on {standard_path(self)}: {NO_FINAL_STATE}")
         return kernel("output")(self)

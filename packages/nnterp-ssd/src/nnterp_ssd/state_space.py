@@ -11,10 +11,12 @@ import torch.nn.functional as F
 from nnterp import EProperty, Unavailable, unavailable
 from nnterp.analysis.mixing import TokenMixing
 from nnterp.components.call_order import RETURNED_TOGETHER
-from nnterp.components.kernels import ENTERING_STATE, KernelCall, argument, kernel, needs_torch_kernels
+from nnterp.components.call_site import argument, kernel, needs_torch_kernels
+from nnterp.components.declaration import ENTERING_STATE, KernelCall
 from nnterp.components.per_token import ChunkBoundaries
 from nnterp.components.recurrent import RecurrentMixer
 from nnterp.descriptor import resolve
+from nnterp.forward_source import Binding, Call
 from nnterp.layouts import Gates, SSDHeadOutputs, SSDKeys, SSDQueries, SSDState, SSDStates, SSDValues
 from nnterp.order import standard_path
 from nnterp.positions import Positions
@@ -120,15 +122,19 @@ class StateSpace(RecurrentMixer):
     state before ``y``).
     """
 
-    # inside the chunk scan, the state at every chunk boundary [batch, chunks + 1, heads, head_dim, state_dim];
-    # inside the update, the new state as the cache's buffer receives it
-    PROMPT = KernelCall("mamba2_chunk_scan_0", "initial_states", "new_states_0")
-    DECODE = KernelCall("mamba2_selective_state_update_0", "state", "ssm_states_to_0")
+    # inside the chunk scan, the state at every chunk boundary [batch, chunks + 1, heads, head_dim, state_dim], and
+    # its last, what it returns as the final state; inside the update, the new state as the cache's buffer receives
+    # it, and y with the D skip before the optional z gate
+    PROMPT = KernelCall(
+        "mamba2_chunk_scan", "initial_states", Binding("new_states"), reads={"final_state": Binding("final_state")}
+    )
+    DECODE = KernelCall(
+        "mamba2_selective_state_update",
+        "state",
+        Call("ssm_states.to", within="state.copy_"),
+        reads={"head_outputs": Binding("out", under="D is not None")},
+    )
     PER_TOKEN = ChunkBoundaries()
-    #: Inside the chunk scan: its last boundary state, what it returns as the final state.
-    FINAL_STATE = "final_state_0"
-    #: Inside the single-step update: y with the D skip, before the optional z gate.
-    STEP_OUTPUT = "out_2"
     # the scan returns (y, final state); a decode step's state is read on either side of y
     ORDER = RETURNED_TOGETHER
     KIND = "Mamba-2 (SSD)"
@@ -159,15 +165,15 @@ class StateSpace(RecurrentMixer):
 
     def _kernel_path(self, attribute: str) -> str:
         """Where a value is served on this call: at the prompt's scan call, or inside the decode step's update."""
-        cls = type(self)
         if self.decoding():
             if attribute == "state" and self.reads_state_after_the_update():
-                return f"source.{cls.DECODE.label}.output"
-            operation = {"output": cls.STEP_OUTPUT, "state": cls.DECODE.token_state}[attribute]
-            return f"{self.kernel_body(cls.DECODE.label)}.{operation}.output"
+                return f"{self.located().key}.output"
+            if attribute == "output":
+                return self.inside("head_outputs")
+            return f"{self.kernel_body()}.{self.token_state_label()}.output"
         if attribute == "state" and not self._returns_state():
-            return f"{self.kernel_body(cls.PROMPT.label)}.{cls.FINAL_STATE}.output"
-        return f"source.{cls.PROMPT.label}.output"
+            return self.inside("final_state")
+        return f"{self.located().key}.output"
 
     def _returns_state(self) -> bool:
         """Whether the prompt's scan returns its final state (it does when the model runs with a cache)."""
@@ -346,8 +352,7 @@ class StateSpace(RecurrentMixer):
 
     def per_token_states(self) -> SSDStates:
         """Every token's state as the chunk scan binds it, at chunk boundaries one token apart (``chunk_per_token``)."""
-        call = self.kernel_call()
-        node, attribute = resolve(self, f"{self.kernel_body(call.label)}.{call.token_state}.output")
+        node, attribute = resolve(self, f"{self.kernel_body()}.{self.token_state_label()}.output")
         if self.decoding():
             return _transposed(getattr(node, attribute)).unsqueeze(1)
         return _transposed(getattr(node, attribute)[:, 1:])

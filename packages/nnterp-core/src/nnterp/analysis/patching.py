@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import nnsight
 import torch
 
-from ..components.kernels import CACHE_ARGUMENTS
+from ..components.call_site import CACHE_ARGUMENTS
 from .blocks import Mixers, mixers, token_ids, within
 from .knockout import Metric, last_logits, metric_of_run
 

@@ -24,7 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .kernels import KernelCall, bound_kernel, dispatch, modeling_module, needs_torch_kernels
+from ..forward_source import callee
+from .call_site import bound_kernel, needs_torch_kernels
+from .declaration import KernelCall, kernel_function
 
 if TYPE_CHECKING:
     from .recurrent import RecurrentMixer
@@ -54,6 +56,10 @@ class PerToken:
         """
         return pure[call.function]
 
+    def body_of(self, mixer: type["RecurrentMixer"], call: KernelCall) -> KernelCall:
+        """The kernel whose body ``call`` runs once the strategy is in effect, where its ``token_state`` is bound."""
+        return call
+
     def reason(self, envoy: "RecurrentMixer") -> str | None:
         """Why ``envoy``'s per-token states are unavailable now, or ``None``."""
         raise NotImplementedError
@@ -82,17 +88,22 @@ class TokenLoop(PerToken):
     ) -> Callable:
         return pure[self.loop(mixer).function]
 
+    def body_of(self, mixer: type["RecurrentMixer"], call: KernelCall) -> KernelCall:
+        return self.loop(mixer)
+
     def reason(self, envoy: "RecurrentMixer") -> str | None:
         """Why the prompt does not run through the loop: no Python source, not routed, or compiled before routing."""
         reason = needs_torch_kernels(envoy)
         if reason is not None:
             return reason
-        cls = type(envoy)
-        loop = dispatch(bound_kernel(envoy, self.loop(cls).label)).torch_function
-        if bound_kernel(envoy, cls.PROMPT.label) is loop:
+        layout = envoy.forward_layout()
+        module = envoy._module
+        loop = layout.decode if self.loop(type(envoy)) is type(envoy).DECODE else layout.prompt
+        loop_body = callee(bound_kernel(module, loop)).torch_function
+        if bound_kernel(module, layout.prompt) is loop_body:
             return None
-        live = getattr(modeling_module(type(envoy._module)), cls.PROMPT.function, None)
-        return TRACED_BEFORE_ROUTING if live is loop else self.hint
+        live = kernel_function(type(module), layout.prompt)
+        return TRACED_BEFORE_ROUTING if live is loop_body else self.hint
 
 
 class ScanLoop(TokenLoop):
@@ -111,6 +122,9 @@ class ScanLoop(TokenLoop):
         self, mixer: type["RecurrentMixer"], call: KernelCall, pure: Mapping[str, Callable]
     ) -> Callable:
         return pure[call.function]
+
+    def body_of(self, mixer: type["RecurrentMixer"], call: KernelCall) -> KernelCall:
+        return call
 
 
 @dataclass(frozen=True)

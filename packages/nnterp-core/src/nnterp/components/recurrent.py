@@ -1,30 +1,30 @@
 """RecurrentMixer: what every recurrent mixer shares, whatever its values are.
 
 A recurrent mixer (a gated DeltaNet, a Mamba-1 or a Mamba-2 layer) runs its
-sequence through a kernel function its modeling module calls: a prompt's kernel
+sequence through kernel functions its modeling module calls: a prompt's kernel
 (chunked, or a scan) and a decode step's kernel (one token over the cached
-state). Its values are the arguments and results of that call, so reaching them
-takes four things, one module each:
+state). Its values are the arguments and results of those calls. A mixer kind
+is a declaration plus its math, one module each:
 
-- which kernel fires on this call of the mixer, decided by the forward's own
-  test, once per call (``RecurrentMixer.kernel_call``, :mod:`.per_call`);
-- the kernel call itself, declared as a :class:`~.kernels.KernelCall` whose
-  arguments are found by the kernel's own signature, and kernels with Python
-  source to read inside: transformers' pure-torch ones (:mod:`.kernels`);
-- how the mixer kind gets the state after every token (:mod:`.per_token`),
-  which ``route_kernels`` (:mod:`.routing`) reads to bind a family's kernel
-  names process-wide;
-- the state after every token, one occurrence per token of an operation inside
-  that kernel, read and written by occurrence arithmetic, or computed from the
-  call's arguments (``trajectory``): this module's ``RecurrentMixer``.
-
-The order a call's values come in, and refusing one the forward has passed, is
-:mod:`.call_order`'s.
+- the declaration (:mod:`.declaration`): its two :class:`~.declaration.KernelCall`
+  s, by the functions the forward calls and the names their bodies bind, found
+  in the installed forward by :func:`~.declaration.forward_layout`;
+- how the kind gets the state after every token (:mod:`.per_token`), which
+  ``route_kernels`` (:mod:`.routing`) reads to bind a family's kernel names
+  process-wide;
+- the order a call's values come in, and refusing one the forward has passed
+  (:mod:`.call_order`);
+- the call site (:mod:`.call_site`): which kernel fires on a call, its recorded
+  arguments and entering state, the states inside the kernel, and their
+  write-back;
+- this module's ``RecurrentMixer``: the values every kind shares, the state
+  after every token (one occurrence per token of an operation inside the
+  kernel, read and written by occurrence arithmetic, or computed from the
+  call's arguments by the kind's math: ``trajectory``) and token mixing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,22 +36,10 @@ from ..layouts import MIXER_HEADS, Mixing, Residual, State, States
 from ..order import OrderError, standard_path
 from ..positions import Positions, select_positions
 from .call_order import CallOrder
-from .kernels import (
-    ENTERING_STATE,
-    INSTRUMENTED,
-    KernelCall,
-    bound_kernel,
-    dispatch,
-    forward_arguments,
-    needs_kernel_call,
-)
-from .per_call import per_call, pinned, replace_per_call
+from .call_site import CallSite, needs_kernel_call
+from .per_call import pinned
 from .per_token import PerToken, needs_recurrent_routing
 from .standard import Sublayer, axis_size, contribution
-
-#: The attribute of a served state copy holding (the buffer it goes back into or ``None``, its layout), for the
-#: write-back of an in-place edit.
-SERVED_FROM = "_nnterp_served_from"
 
 
 def needs_token_place(envoy: "RecurrentMixer") -> str | None:
@@ -71,7 +59,7 @@ def needs_token_place(envoy: "RecurrentMixer") -> str | None:
     )
 
 
-class RecurrentMixer(CallOrder, Sublayer):
+class RecurrentMixer(CallSite, CallOrder, Sublayer):
     """A sequence mixer with a recurrent state, read at the kernel call its forward makes.
 
     A subclass declares its two kernel calls and how it gets the state after
@@ -80,9 +68,10 @@ class RecurrentMixer(CallOrder, Sublayer):
     ``kernel("output")``, with ``unavailable=needs_torch_kernels``, and the
     math of ``states_from_arguments``:
 
-    - ``PROMPT``: the :class:`~.kernels.KernelCall` a prompt runs through;
+    - ``PROMPT``: the :class:`~.declaration.KernelCall` a prompt runs through;
       ``DECODE``: the one a decode step of ``generate`` runs through (the
-      update of the cached state by one token).
+      update of the cached state by one token), each by the function the
+      forward calls, never by an operation label.
     - ``PER_TOKEN``: how the state after every token is had
       (:mod:`.per_token`: a token loop the prompt is routed to, the scan's own
       loop, or chunk boundaries one token apart).
@@ -96,13 +85,6 @@ class RecurrentMixer(CallOrder, Sublayer):
       1 by ``states``, ``state_after`` and ``set_state_after``; ``state``,
       one place per token, is then unavailable.
 
-    - ``BRANCH``: the binding the forward makes before it picks a kernel,
-      ``True`` when the call continues a cached state; ``SEQ_OP``: the masking
-      of its input, once per call, with the call's length on axis 1. A
-      transformers version whose forward binds no such flag (5.23 on) tests the
-      cached state itself; then the decision reads the call's own arguments and
-      ``CACHED_STATE``, the binding of the cached state made when a cache is
-      passed.
     - ``ORDER`` (and ``DECODE_ORDER`` where a decode step differs): the
       values inside one call in the order the forward produces them. A value
       asked for after a later one of the same call raises
@@ -117,225 +99,9 @@ class RecurrentMixer(CallOrder, Sublayer):
     ``state_trajectory`` computes them from the call's arguments, always.
     """
 
-    BRANCH: str = "use_precomputed_states_0"
-    SEQ_OP: str = "apply_mask_to_padding_states_0"
-    CACHED_STATE: str = "recurrent_state_0"
-    PROMPT: KernelCall
-    DECODE: KernelCall
     PER_TOKEN: PerToken
-    #: The mixer module's attribute counting the kernel calls one forward makes, where the forward calls its kernel
-    #: in a loop (``"n_mamba_heads"``); ``None``: once per forward.
-    CALLS_PER_FORWARD: str | None = None
     #: The layout axis ``token_mixing`` has a row per: the state's heads, or Mamba-1's channels.
     MIXING_HEADS: str = MIXER_HEADS
-    #: The call inside transformers' hub dispatcher wrapper that runs the kernel's body.
-    DISPATCHED: str = "implementation_0"
-
-    @property
-    def source(self) -> Any:
-        """nnsight's ``.source``, recording that this mixer's forward is compiled (route_kernels warns about it)."""
-        source = super().source
-        INSTRUMENTED.add(self._module)
-        return source
-
-    @classmethod
-    def calls(cls) -> tuple[KernelCall, KernelCall]:
-        """The mixer's two kernel calls: the prompt's and the decode step's."""
-        return cls.PROMPT, cls.DECODE
-
-    def calls_per_forward(self) -> int:
-        """How many kernel calls one forward of this mixer makes, one after the other (``CALLS_PER_FORWARD``)."""
-        attribute = type(self).CALLS_PER_FORWARD
-        return 1 if attribute is None else getattr(self._module, attribute)
-
-    def kernel_call(self) -> KernelCall:
-        """The kernel call that fires on this call of the mixer (``PROMPT`` or ``DECODE``), decided once per call.
-
-        The forward's own test: the token-by-token update for one token over a
-        cached state, the prompt's kernel for everything else (several tokens
-        over a cached state included). Bindings are read in the order the
-        forward makes them, by source line.
-        """
-        cls = type(self)
-
-        def choose() -> KernelCall:
-            source = self.source
-            lines = source.compiled.lines
-            if cls.BRANCH in lines:
-                served = {}
-                for name in sorted((cls.BRANCH, cls.SEQ_OP), key=lines.__getitem__):
-                    served[name] = getattr(source, name).output
-                continues = bool(served[cls.BRANCH])
-                seq = served[cls.SEQ_OP].shape[1]
-            else:
-                hidden, cache = forward_arguments(self.inputs)
-                seq = hidden.shape[1]
-                continues = cache is not None and seq == 1 and getattr(source, cls.CACHED_STATE).output is not None
-            return cls.DECODE if continues and seq == 1 else cls.PROMPT
-
-        return per_call(self, "kernel", choose)
-
-    def decoding(self) -> bool:
-        """Whether this call of the mixer is a decode step (the update over the cached state) rather than a prompt."""
-        return self.kernel_call() is type(self).DECODE
-
-    def argument(self, name: str, arguments: tuple[tuple, dict] | None = None) -> Any:
-        """The argument ``name`` of the kernel call that fires (of ``arguments``, else of the call's recorded ones).
-
-        Found by the kernel's own signature; ``None`` when the kernel takes no
-        such parameter (a prompt's scan that starts from zeros takes no state).
-        """
-        return self.kernel_call().argument(self, name).pick(self.call_arguments() if arguments is None else arguments)
-
-    def call_arguments(self) -> tuple[tuple, dict]:
-        """The ``(args, kwargs)`` of the kernel call that fires on this call of the mixer, read once per call.
-
-        A copy of the state the call starts from is taken with them
-        (``entering_state``): they are first read at the call's start, before
-        anything overwrites that state.
-        """
-        arguments = per_call(self, "arguments", lambda: self._call_operation().inputs)
-        per_call(self, "entering_state", lambda: self._copied_state(arguments))
-        return arguments
-
-    def replaced(self, location: str, value: Any) -> None:
-        """An assignment to the kernel call's arguments replaces the recorded ones: what is computed from them follows.
-
-        Called while the model waits at the call, before the kernel runs, so the
-        entering state is copied again from the new arguments.
-        """
-        if not location.startswith(f"{self.path}.source."):
-            return  # the module's own input or output: not an argument of a call inside its forward
-        call = self._call_operation()
-        if location != type(call).inputs._location(call):
-            return
-        replace_per_call(self, "arguments", value)
-        replace_per_call(self, "entering_state", self._copied_state(value))
-
-    def entering_state(self) -> torch.Tensor | None:
-        """The state this call starts from as its kernel received it (``KernelCall.entering_state``), or ``None`` for zeros.
-
-        A copy taken at the call's start: the kernel receives the cache's
-        buffer, which the forward overwrites with the call's final state, so
-        what is computed from the call's arguments afterwards
-        (``state_trajectory`` read after ``attention_output``) starts from
-        this. It follows an assignment to the state argument (``state_input``).
-        """
-        self.call_arguments()
-        return per_call(self, "entering_state", lambda: None)
-
-    def _copied_state(self, arguments: tuple[tuple, dict]) -> torch.Tensor | None:
-        # the cache's buffer, which the forward overwrites with the call's final state
-        state = self.argument(ENTERING_STATE, arguments)
-        return None if state is None else state.clone()
-
-    def updated_state(self) -> torch.Tensor:
-        """The cache's state buffer a decode kernel updates in place (its entering state).
-
-        Once the decode kernel has returned, the buffer holds the state after
-        the step: where ``state_output`` is read on a decode step, after every
-        value inside the kernel, so that one order of reads holds on prompts and
-        decode steps alike.
-        """
-        return self.argument(ENTERING_STATE)
-
-    def reads_state_after_the_update(self) -> bool:
-        """Whether a decode step's ``state_output`` is read once the kernel has returned, rather than inside it.
-
-        Inside (at the binding of the new state, before the kernel computes
-        its output) unless the head outputs, which come after it, were read
-        first in this call: then from the cache's buffer the kernel updated in
-        place (``updated_state``). Both orders of the two thus work.
-        """
-        furthest = self._peek("furthest")
-        head_outputs = self._stage("attention_head_outputs")
-        return furthest is not None and (furthest.stage > head_outputs or "attention_head_outputs" in furthest.names)
-
-    def write_updated_state(self, value: torch.Tensor, layout: Callable) -> None:
-        """Copy ``value``, in the standard ``layout``, into the decode kernel's state buffer.
-
-        What a decode step's ``state_output`` write does once the kernel has
-        returned: the next step starts from the buffer, and this step's output
-        is already computed.
-        """
-        with torch.no_grad():
-            layout(self.updated_state()).copy_(value)
-
-    def read_state_output(self, value: Any, layout: Callable) -> torch.Tensor:
-        """``state_output`` as read from ``value`` served at its place: the kernel's final state, or on a decode step a copy.
-
-        On a decode step the copy is of the new state inside the update, or of
-        the cache's buffer once the update returned (``reads_state_after_the_update``).
-        """
-        if not self.decoding():
-            return layout(value)
-        if self.reads_state_after_the_update():
-            buffer = self.updated_state()
-            return self.serve_state(buffer, layout, buffer=buffer)
-        return self.serve_state(value, layout)
-
-    def place_state_output(self, value: torch.Tensor, layout: Callable) -> Any:
-        """What an assigned ``state_output`` puts at its place: the state in the kernel's layout, or, once a decode
-        kernel returned, its unchanged output, the state having been copied into the cache's buffer."""
-        if not (self.decoding() and self.reads_state_after_the_update()):
-            return layout(value)
-        self.write_updated_state(value, layout)
-        return self._call_operation().output
-
-    @staticmethod
-    def serve_state(state: torch.Tensor, layout: Callable, buffer: torch.Tensor | None = None) -> torch.Tensor:
-        """A copy of a kernel's state in the standard ``layout`` (the identity, or a swap of the last two axes).
-
-        A copy because the cache overwrites the state in place on later
-        steps. It remembers where it came from, so that an in-place edit goes
-        back (:meth:`write_back_state`): into ``buffer`` when given (the
-        cache's, after the kernel returned), else in place of the kernel's own
-        tensor.
-        """
-        served = layout(state).clone()
-        setattr(served, SERVED_FROM, (buffer, layout))
-        return served
-
-    @staticmethod
-    def write_back_state(served: torch.Tensor, element: Any) -> Any:
-        """The write-back of a state read through :meth:`serve_state`: what goes back at its place, edits included.
-
-        Runs where nnsight flushes an edited view, when the worker may already
-        be pinned to another step, so it needs nothing but the served tensor.
-        A state served as the kernel's own tensor (or a view of it) was edited
-        in place already.
-        """
-        buffer, layout = getattr(served, SERVED_FROM, (None, None))
-        if layout is None:
-            return element
-        if buffer is None:
-            return layout(served)
-        with torch.no_grad():
-            layout(buffer).copy_(served)
-        return element
-
-    def _call_operation(self) -> Any:
-        """The operation envoy of the kernel call that fires on this call of the mixer."""
-        return getattr(self.source, self.kernel_call().label)
-
-    def kernel_body(self, label: str) -> str:
-        """The path to the operations inside the body of kernel ``label``, for a key.
-
-        ``source.<label>.source`` where the name is bound to the pure-torch
-        function (routed); one call deeper where it is still bound to
-        transformers' hub dispatcher, whose wrapper calls the body as
-        ``DISPATCHED``. The call's arguments are read first: once the worker is
-        inside the kernel they are behind it, and a later value of the same
-        call may need them (``call_arguments``).
-        """
-        self.call_arguments()
-        return self._body_path(label)
-
-    def _body_path(self, label: str) -> str:
-        """``kernel_body``'s path, without reading the call's arguments first."""
-        bound = bound_kernel(self, label)
-        body = f"source.{label}.source"
-        return body if bound is dispatch(bound).torch_function else f"{body}.{self.DISPATCHED}.source"
 
     # -- what the mixer adds -----------------------------------------------------
 
@@ -350,46 +116,13 @@ class RecurrentMixer(CallOrder, Sublayer):
 
     # -- the state after every token ----------------------------------------------
 
-    def call_length(self) -> int:
-        """This call's sequence length, from the kernel call's recorded arguments (``_seq``)."""
-        return self._seq(*self.call_arguments())
-
-    def _seq(self, args: tuple, kwargs: dict) -> int:
-        """The kernel call's sequence length: one token on a decode step (whose update may take no sequence axis),
-        else ``_prompt_length``."""
-        return 1 if self.decoding() else self._prompt_length(args, kwargs)
-
-    def _prompt_length(self, args: tuple, kwargs: dict) -> int:
-        """A prompt kernel call's sequence length: its first argument's axis 1 (tokens-first tensors)."""
-        return args[0].shape[1]
-
-    def _token_op(self) -> tuple[Any, int, int]:
-        """(the state operation, the occurrence of it that is this call's first token, this call's length), once per call.
-
-        Occurrences are counted per location since the kernel was drilled this
-        run, so ``first`` is the operation's count at the moment the kernel's
-        arguments are read: the worker is parked at the call's start, and the
-        count is the number of tokens earlier calls put through it.
-        """
-
-        def locate() -> tuple[Any, int, int]:
-            declared = self.kernel_call()
-            call = getattr(self.source, declared.label)
-            seq = self.call_length()
-            name = declared.token_state
-            first = Mediator.current(name).occurrence(f"{call.path}.source.{name}.output")
-            return getattr(call.source, name), first, seq
-
-        return per_call(self, "call", locate)
-
     def _token_state_op(self) -> str:
         """The key of ``state``: the state operation inside the kernel that fires, drilled into before the call runs."""
         # under tracer.iter the worker is pinned to a token, not to this call: the call is decided relaxed
         with pinned(None):
-            call = self.kernel_call()
             self.call_arguments()
-            getattr(self.source, call.label).source
-        return f"source.{call.label}.source.{call.token_state}.output"
+            self._body_operation().source
+            return f"{self._body_path()}.{self.token_state_label()}.output"
 
     @EProperty(_token_state_op, unavailable=needs_token_place)
     def state(self, value: Any) -> State:

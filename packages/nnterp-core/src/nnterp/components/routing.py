@@ -6,17 +6,14 @@ import warnings
 from collections.abc import Callable
 from types import ModuleType
 
-from nnsight.intervention.source import STATE
-
+from ..forward_source import callee
 from ..registry import REGISTRY
-from .kernels import INSTRUMENTED, compiled_globals, dispatch, modeling_module
+from .call_site import INSTRUMENTED, bound_kernel
+from .declaration import STASH, DeclarationMismatch, forward_layout, modeling_module
 from .recurrent import RecurrentMixer
 
 #: The modes :func:`route_kernels` accepts.
 ROUTE_MODES = ("torch", "default")
-
-#: Where :func:`route_kernels` keeps a modeling module's import-time kernels while it is routed.
-STASH = "_nnterp_kernels"
 
 
 def _mixers(family: ModuleType) -> list[tuple[type, type]]:
@@ -54,7 +51,7 @@ def _routes(family: ModuleType, mode: str) -> dict[tuple[ModuleType, str], Calla
                 raise ValueError(f"{modeling.__name__} binds no {call.function}, the kernel {mixer.__name__} expects")
         # what the module bound at import, whatever is routed now
         imported = {call.function: stash.get(call.function, getattr(modeling, call.function)) for call in mixer.calls()}
-        pure = {name: dispatch(function).torch_function for name, function in imported.items()}
+        pure = {name: callee(function).torch_function for name, function in imported.items()}
         for call in mixer.calls():
             routes[(modeling, call.function)] = (
                 imported[call.function] if mode == "default" else mixer.PER_TOKEN.routed_function(mixer, call, pure)
@@ -116,14 +113,22 @@ def route_kernels(family: ModuleType, mode: str) -> None:
 def _warn_if_compiled(
     mixers: list[tuple[type, type]], routes: dict[tuple[ModuleType, str], Callable], mode: str
 ) -> None:
-    classes = tuple(module_class for module_class, _ in mixers)
     stale = 0
     for module in list(INSTRUMENTED):
-        if not isinstance(module, classes):
+        mixer = next((mixer for module_class, mixer in mixers if isinstance(module, module_class)), None)
+        if mixer is None:
             continue
-        compiled = compiled_globals(module.__dict__[STATE].body)
+        try:
+            layout = forward_layout(mixer, type(module))
+        except DeclarationMismatch:
+            continue
         modeling = modeling_module(type(module))
-        if any(compiled.get(name) is not fn for (where, name), fn in routes.items() if where is modeling):
+        compiled = {located.call.function: bound_kernel(module, located) for located in layout.calls()}
+        if any(
+            callee(compiled.get(name)).function is not callee(function).function
+            for (where, name), function in routes.items()
+            if where is modeling and name in compiled
+        ):
             stale += 1
     if stale:
         kept = "the chunked kernels" if mode == "torch" else "the token-by-token kernels (and their per-token states)"

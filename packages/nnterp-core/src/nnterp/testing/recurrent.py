@@ -21,11 +21,13 @@ from typing import Any, ClassVar
 import torch
 from transformers.integrations import use_kernel_func_from_hub_with_fallback
 
-from ..components.kernels import CACHE_ARGUMENTS, dispatch, modeling_module
+from ..components.call_site import CACHE_ARGUMENTS
+from ..components.declaration import modeling_module
 from ..components.per_token import PerToken
 from ..components.recurrent import RecurrentMixer
 from ..components.routing import route_kernels
 from ..descriptor import Unavailable
+from ..forward_source import callee
 from ..registry import REGISTRY
 from .mixing import TokenMixingSuite
 from .models import tiny_standardized
@@ -321,7 +323,7 @@ class RecurrentMixerSuite(TokenMixingSuite, TraceOrderSuite):
                 setattr(
                     modeling,
                     name,
-                    use_kernel_func_from_hub_with_fallback("dumps", "json")(dispatch(imported).torch_function),
+                    use_kernel_func_from_hub_with_fallback("dumps", "json")(callee(imported).torch_function),
                 )
                 compiled = self.build_model()
                 support = compiled.support(layer=layer)

@@ -26,7 +26,7 @@ from transformers.models.zamba import modeling_zamba as MODELING
 
 from nnterp import EProperty, Unavailable, needs_torch_kernels
 from nnterp.analysis.mixing import TokenMixing
-from nnterp.components.kernels import ENTERING_STATE
+from nnterp.components.declaration import ENTERING_STATE
 from nnterp.components.per_call import per_call, pinned, replace_per_call
 from nnterp.layouts import ScanQK, ScanState, ScanStates, ScanValues
 from nnterp.order import standard_path

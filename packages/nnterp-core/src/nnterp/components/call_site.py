@@ -1,0 +1,557 @@
+"""The call site: what one forward of a recurrent mixer calls, and what that call recorded.
+
+A mixer's declaration (:mod:`.declaration`) says which kernels its forward
+calls; :class:`CallSite` follows one call of the mixer: which kernel fires
+(decided once per call by the forward's own test, the cache holding a state
+for one token), the kernel call's arguments as the forward passed them (read
+once, at the call's start, with a copy of the state it starts from), the
+state after each token inside the kernel's body, and the write-back of a
+state a user edited.
+
+transformers 5.25 calls kernels through ``kernels``' hub function modules,
+which nnsight cannot drill into. Once nnsight has instrumented a mixer's
+forward, :meth:`CallSite.source` binds, in that forward's own copy of the
+modeling module's globals (never the module itself), each hub function
+module on the way to a declared kernel to the function it runs: the
+computation is the same, and the kernel's body can be drilled into. A hub
+function module that ``kernels.kernelize`` replaced with a hub kernel is left
+alone, and the values read inside it say so.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FunctionType
+from typing import TYPE_CHECKING, Any
+
+import torch
+from nnsight.intervention.interleaver import Mediator
+from nnsight.intervention.source import STATE, decorator_chain
+
+from ..descriptor import BoundArgument
+from ..forward_source import Call, ForwardSource, callee, hub_kernel_replacing, hub_module_function
+from .declaration import (
+    ENTERING_STATE,
+    DeclarationMismatch,
+    ForwardLayout,
+    KernelCall,
+    Located,
+    declaration_mismatch,
+    forward_layout,
+    modeling_module,
+)
+from .per_call import per_call, replace_per_call
+
+if TYPE_CHECKING:
+    from .recurrent import RecurrentMixer
+
+#: Argument names a mixer's forward takes its cache under, across transformers versions.
+CACHE_ARGUMENTS = ("cache_params", "cache", "past_key_values")
+
+#: Mixer modules whose forward nnsight has instrumented: route_kernels warns that they keep their kernels.
+INSTRUMENTED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+#: The attribute of a served state copy holding (the buffer it goes back into or ``None``, its layout), for the
+#: write-back of an in-place edit.
+SERVED_FROM = "_nnterp_served_from"
+
+#: The module attribute recording the instrumented forward whose globals hold the exposed kernels.
+EXPOSED = "_nnterp_exposed"
+
+#: The attribute of a helper's copy naming the function it was copied from.
+COPIED_FROM = "_nnterp_copied_from"
+
+#: Inside transformers' hub dispatcher, the call that runs the kernel's implementation.
+DISPATCHED = Call("implementation")
+
+
+def forward_arguments(arguments: tuple[tuple, dict]) -> tuple[torch.Tensor, Any]:
+    """The hidden states and the cache a mixer was called with."""
+    args, kwargs = arguments
+    hidden = args[0] if args else kwargs["hidden_states"]
+    cache = next((kwargs[name] for name in CACHE_ARGUMENTS if name in kwargs), args[1] if len(args) > 1 else None)
+    return hidden, cache
+
+
+def has_cached_state(cache: Any, layer_idx: int) -> bool:
+    """Whether ``cache`` holds a recurrent state for layer ``layer_idx``: the test every recurrent forward makes.
+
+    ``get_recurrent_state`` (transformers 5.25 on) returns ``None`` for a layer
+    with no state yet; before, ``has_previous_state`` answers.
+    """
+    get = getattr(cache, "get_recurrent_state", None)
+    if get is not None:
+        try:
+            return get(layer_idx) is not None
+        except (ValueError, IndexError):
+            return False
+    return bool(cache.has_previous_state(layer_idx))
+
+
+def kept_states(cache: Any, layer_idx: int, seq: int) -> int:
+    """How many of a prompt's last tokens the forward runs through the decode kernel, to keep their states.
+
+    transformers 5.25 keeps them for speculative decoding
+    (``activate_past_recording``); 0 before, and whenever no cache records.
+    """
+    get = getattr(cache, "get_recurrent_states_to_keep", None)
+    return 0 if cache is None or get is None else min(get(layer_idx) or 0, seq)
+
+
+# -- what a call runs ---------------------------------------------------------------------------------
+
+
+def bound_kernel(module: torch.nn.Module, located: Located) -> Any:
+    """What the call ``located`` runs on ``module``: through its forward's exposed globals once instrumented, else the
+    modeling module's live names (each helper on the way unwrapped)."""
+    state = module.__dict__.get(STATE)
+    if state is not None and state.sourced:
+        namespace = compiled_globals(state.body)
+    else:
+        namespace = vars(modeling_module(type(module)))
+    for name in located.names[:-1]:
+        helper = namespace.get(name)
+        function = hub_module_function(helper) or helper
+        namespace = getattr(function, "__globals__", {})
+    return namespace.get(located.names[-1])
+
+
+def compiled_globals(body: Callable) -> dict:
+    """The globals nnsight compiled an instrumented forward over: its innermost function's, under the decorators."""
+    innermost, _ = decorator_chain(body)
+    return innermost.__globals__
+
+
+def expose(module: torch.nn.Module, layout: ForwardLayout) -> None:
+    """Bind each hub function module on the way to ``layout``'s kernel calls to the function it runs, in the globals
+    of ``module``'s instrumented forward (and of a copy of each helper on the way).
+
+    Once per instrumented forward. A function module ``kernels.kernelize``
+    replaced with a hub kernel for this module keeps running it.
+    """
+    state = module.__dict__.get(STATE)
+    if state is None or not state.sourced or module.__dict__.get(EXPOSED) is state.body:
+        return
+    namespace = compiled_globals(state.body)
+    for located in layout.calls():
+        _expose(module, namespace, located.names)
+    module.__dict__[EXPOSED] = state.body
+
+
+def _expose(module: torch.nn.Module, namespace: dict, names: tuple[str, ...]) -> None:
+    name, rest = names[0], names[1:]
+    bound = namespace.get(name)
+    if bound is None or hub_kernel_replacing(module, name) is not None:
+        return
+    function = hub_module_function(bound)
+    if function is not None:
+        bound = function
+    if rest:
+        if getattr(bound, COPIED_FROM, None) is None:
+            bound = _copy(bound)
+        _expose(module, bound.__globals__, rest)
+    namespace[name] = bound
+
+
+def _copy(function: FunctionType) -> FunctionType:
+    """``function`` over its own copy of its globals, where its kernels can be exposed for one module."""
+    copied = FunctionType(
+        function.__code__, dict(function.__globals__), function.__name__, function.__defaults__, function.__closure__
+    )
+    copied.__kwdefaults__ = function.__kwdefaults__
+    copied.__qualname__ = function.__qualname__
+    setattr(copied, COPIED_FROM, function)
+    return copied
+
+
+# -- whether values can be read -----------------------------------------------------------------------
+
+
+def needs_kernel_call(envoy: "RecurrentMixer") -> str | None:
+    """Why a value computed from the kernel call's arguments is unavailable, or ``None``.
+
+    The arguments are read at the call in the mixer's own forward, whatever
+    the kernel's name is bound to (routed, transformers' default, an optimized
+    package's kernel or a hub kernel), so the only reason is the forward's:
+    it does not make the calls the mixer's declaration says.
+    """
+    return declaration_mismatch(envoy)
+
+
+def needs_torch_kernels(envoy: "RecurrentMixer") -> str | None:
+    """Why a recurrent mixer's kernel values are unavailable, or ``None``: the kernel has no Python source to read inside.
+
+    A hub kernel ``kernels.kernelize`` put in place of one of the forward's
+    function modules, or an optimized package's kernel behind transformers'
+    dispatcher (flash-linear-attention, mamba_ssm).
+    """
+    reason = needs_kernel_call(envoy)
+    if reason is not None:
+        return reason
+    module = envoy._module
+    for located in envoy.forward_layout().calls():
+        for name in located.names:
+            replaced = hub_kernel_replacing(module, name)
+            if replaced is not None:
+                return (
+                    f"{type(module).__name__} runs {name} as a hub kernel ({replaced}) that kernels.kernelize put in "
+                    f"place of transformers' Python function, which has no Python source to read inside; load the "
+                    f"model without use_kernels=True (and do not kernelize it) to read these"
+                )
+        dispatched = callee(bound_kernel(module, located))
+        if dispatched.implementation is not dispatched.torch_function:
+            return (
+                f"read inside transformers' pure-torch {located.call.function}, but this process dispatches it to "
+                f"an optimized kernel ({dispatched.package}) with no Python source; uninstall it, or call "
+                f"nnterp.route_kernels(model.family, 'torch'), to read these"
+            )
+    return None
+
+
+# -- keys and selections -------------------------------------------------------------------------------
+
+
+def kernel(attribute: str) -> Callable[["RecurrentMixer"], str]:
+    """The key function of a value read at the kernel call that fires: ``<its place>.<attribute>``."""
+
+    def key(envoy: "RecurrentMixer") -> str:
+        return f"{envoy.located().key}.{attribute}"
+
+    return key
+
+
+@dataclass(frozen=True)
+class ArgumentOf:
+    """The ``select`` of an argument of the kernel call that fires, found by that kernel's own signature."""
+
+    name: str
+
+    def __call__(self, envoy: "RecurrentMixer") -> BoundArgument:
+        return envoy.kernel_call_argument(self.name)
+
+
+def argument(name: str) -> ArgumentOf:
+    """The ``select`` of the argument ``name`` (the mixer's name for it) of the kernel call that fires."""
+    return ArgumentOf(name)
+
+
+class CallSite:
+    """One call of a recurrent mixer: which declared kernel fires, its arguments, its states and their write-back.
+
+    Mixed into ``RecurrentMixer``, whose subclass declares ``PROMPT`` and
+    ``DECODE`` (:class:`~.declaration.KernelCall`). Everything here is
+    recorded once per call of the mixer (:func:`~.per_call.per_call`), so
+    the same values work in a trace and on every step of ``tracer.iter``.
+    """
+
+    PROMPT: KernelCall
+    DECODE: KernelCall
+    #: The mixer module's attribute counting the kernel calls one forward makes, where the forward calls its kernel
+    #: in a loop (``"n_mamba_heads"``); ``None``: once per forward.
+    CALLS_PER_FORWARD: str | None = None
+
+    @property
+    def source(self) -> Any:
+        """nnsight's ``.source``, with the hub function modules on the way to the mixer's kernels exposed (``expose``).
+
+        Records that this mixer's forward is compiled (``route_kernels`` warns about it).
+        """
+        source = super().source
+        INSTRUMENTED.add(self._module)
+        try:
+            layout = self.forward_layout()
+        except DeclarationMismatch:
+            return source
+        expose(self._module, layout)
+        return source
+
+    @classmethod
+    def arguments(cls) -> tuple[str, ...]:
+        """The kernel arguments the mixer's values are read at (each value's ``select=argument(name)``), by its names."""
+        names: list[str] = []
+        for klass in reversed(cls.__mro__):
+            for value in vars(klass).values():
+                select = getattr(value, "select", None)
+                if isinstance(select, ArgumentOf) and select.name != ENTERING_STATE and select.name not in names:
+                    names.append(select.name)
+        return tuple(names)
+
+    @classmethod
+    def calls(cls) -> tuple[KernelCall, KernelCall]:
+        """The mixer's two kernel calls: the prompt's and the decode step's."""
+        return cls.PROMPT, cls.DECODE
+
+    def forward_layout(self) -> ForwardLayout:
+        """Where this mixer's module's forward makes its declared kernel calls (``declaration.forward_layout``)."""
+        return forward_layout(type(self), type(self._module))
+
+    def calls_per_forward(self) -> int:
+        """How many kernel calls one forward of this mixer makes, one after the other (``CALLS_PER_FORWARD``)."""
+        attribute = type(self).CALLS_PER_FORWARD
+        return 1 if attribute is None else getattr(self._module, attribute)
+
+    def kernel_call(self) -> KernelCall:
+        """The kernel call that fires on this call of the mixer (``PROMPT`` or ``DECODE``), decided once per call.
+
+        The forward's own test: the token-by-token update for one token over a
+        cached state, the prompt's kernel for everything else (several tokens
+        over a cached state included).
+        """
+        cls = type(self)
+
+        def choose() -> KernelCall:
+            hidden, cache = forward_arguments(self.inputs)
+            decoding = hidden.shape[1] == 1 and cache is not None and has_cached_state(cache, self._module.layer_idx)
+            return cls.DECODE if decoding else cls.PROMPT
+
+        return per_call(self, "kernel", choose)
+
+    def located(self) -> Located:
+        """Where the kernel call that fires on this call of the mixer is made."""
+        layout = self.forward_layout()
+        return layout.decode if self.decoding() else layout.prompt
+
+    def decoding(self) -> bool:
+        """Whether this call of the mixer is a decode step (the update over the cached state) rather than a prompt."""
+        return self.kernel_call() is type(self).DECODE
+
+    def kernel_call_argument(self, name: str) -> BoundArgument:
+        """The ``select`` of argument ``name`` of the kernel call that fires: found by its pure-torch kernel's signature."""
+        located = self.located()
+        torch_function = callee(bound_kernel(self._module, located)).torch_function
+        return BoundArgument(_signature(torch_function), located.call.parameter(name))
+
+    def argument(self, name: str, arguments: tuple[tuple, dict] | None = None) -> Any:
+        """The argument ``name`` of the kernel call that fires (of ``arguments``, else of the call's recorded ones).
+
+        Found by the kernel's own signature; ``None`` when the kernel takes no
+        such parameter (a prompt's scan that starts from zeros takes no state).
+        """
+        return self.kernel_call_argument(name).pick(self.call_arguments() if arguments is None else arguments)
+
+    def call_arguments(self) -> tuple[tuple, dict]:
+        """The ``(args, kwargs)`` of the kernel call that fires on this call of the mixer, read once per call.
+
+        A copy of the state the call starts from is taken with them
+        (``entering_state``): they are first read at the call's start, before
+        anything overwrites that state.
+        """
+        arguments = per_call(self, "arguments", lambda: self._call_operation().inputs)
+        per_call(self, "entering_state", lambda: self._copied_state(arguments))
+        return arguments
+
+    def replaced(self, location: str, value: Any) -> None:
+        """An assignment to the kernel call's arguments replaces the recorded ones: what is computed from them follows.
+
+        Called while the model waits at the call, before the kernel runs, so the
+        entering state is copied again from the new arguments.
+        """
+        if not location.startswith(f"{self.path}.source."):
+            return  # the module's own input or output: not an argument of a call inside its forward
+        call = self._call_operation()
+        if location != type(call).inputs._location(call):
+            return
+        replace_per_call(self, "arguments", value)
+        replace_per_call(self, "entering_state", self._copied_state(value))
+
+    def entering_state(self) -> torch.Tensor | None:
+        """The state this call starts from as its kernel received it (``KernelCall.entering_state``), or ``None`` for zeros.
+
+        A copy taken at the call's start: the kernel receives the cache's
+        buffer, which the forward overwrites with the call's final state, so
+        what is computed from the call's arguments afterwards
+        (``state_trajectory`` read after ``attention_output``) starts from
+        this. It follows an assignment to the state argument (``state_input``).
+        """
+        self.call_arguments()
+        return per_call(self, "entering_state", lambda: None)
+
+    def _copied_state(self, arguments: tuple[tuple, dict]) -> torch.Tensor | None:
+        # the cache's buffer, which the forward overwrites with the call's final state
+        state = self.argument(ENTERING_STATE, arguments)
+        return None if state is None else state.clone()
+
+    def _call_operation(self) -> Any:
+        """The operation envoy of the kernel call that fires on this call of the mixer."""
+        node: Any = self
+        for label in self.located().path:
+            node = getattr(node.source, label)
+        return node
+
+    # -- inside the kernel --------------------------------------------------------------------------
+
+    def kernel_body(self) -> str:
+        """The path to the operations inside the body of the kernel call that fires, for a key.
+
+        ``<call>.source`` where the name is bound to the pure-torch function
+        (routed, or transformers' plain function); one call deeper where it is
+        bound to transformers' hub dispatcher, whose wrapper runs the body at
+        its call of the implementation. The call's arguments are read first:
+        once the worker is inside the kernel they are behind it, and a later
+        value of the same call may need them (``call_arguments``).
+        """
+        self.call_arguments()
+        return self._body_path()
+
+    def _body_path(self) -> str:
+        """``kernel_body``'s path, without reading the call's arguments first."""
+        hop = self._dispatcher_hop()
+        body = f"{self.located().key}.source"
+        return body if hop is None else f"{body}.{hop}.source"
+
+    def _dispatcher_hop(self) -> str | None:
+        """The label of the dispatcher's call of the implementation, where the kernel's name is bound to transformers'
+        hub dispatcher; ``None`` where it is bound to the body itself."""
+        dispatched = callee(bound_kernel(self._module, self.located()))
+        if dispatched.function is dispatched.torch_function:
+            return None
+        return DISPATCHED.find(ForwardSource.of(dispatched.function)).label
+
+    def _body_operation(self) -> Any:
+        """The operation envoy whose ``.source`` is the kernel's body: the call, or the dispatcher's call inside it."""
+        call = self._call_operation()
+        hop = self._dispatcher_hop()
+        return call if hop is None else getattr(call.source, hop)
+
+    def body_source(self) -> ForwardSource:
+        """The source of the pure-torch body the kernel call that fires runs (routed: the function routing bound)."""
+        return ForwardSource.of(callee(bound_kernel(self._module, self.located())).torch_function)
+
+    def inside(self, place: str, attribute: str = "output") -> str:
+        """The key of the place ``place`` (a name in the firing kernel call's ``reads``) inside its body: ``.<attribute>``."""
+        operation = self.kernel_call().reads[place].find(self.body_source())
+        return f"{self.kernel_body()}.{operation.label}.{attribute}"
+
+    # -- the call's length and its per-token states -------------------------------------------------------
+
+    def call_length(self) -> int:
+        """This call's sequence length, from the kernel call's recorded arguments (``_seq``)."""
+        return self._seq(*self.call_arguments())
+
+    def _seq(self, args: tuple, kwargs: dict) -> int:
+        """The kernel call's sequence length: one token on a decode step (whose update may take no sequence axis),
+        else ``_prompt_length``."""
+        return 1 if self.decoding() else self._prompt_length(args, kwargs)
+
+    def _prompt_length(self, args: tuple, kwargs: dict) -> int:
+        """A prompt kernel call's sequence length: its first argument's axis 1 (tokens-first tensors)."""
+        return args[0].shape[1]
+
+    def token_state_label(self) -> str:
+        """The label of the state after each token inside the kernel that fires (its declared ``token_state``)."""
+        declared = self.kernel_call()
+        return declared.token_state.find(self.body_source()).label
+
+    def _token_op(self) -> tuple[Any, int, int]:
+        """(the state operation, the occurrence of it that is this call's first token, this call's length), once per call.
+
+        Occurrences are counted per location since the kernel was drilled this
+        run, so ``first`` is the operation's count at the moment the kernel's
+        arguments are read: the worker is parked at the call's start, and the
+        count is the number of tokens earlier calls put through it.
+        """
+
+        def locate() -> tuple[Any, int, int]:
+            body = self._body_operation()
+            seq = self.call_length()
+            name = self.token_state_label()
+            first = Mediator.current(name).occurrence(f"{body.path}.source.{name}.output")
+            return getattr(body.source, name), first, seq
+
+        return per_call(self, "call", locate)
+
+    # -- a decode step's state, and its write-back ----------------------------------------------------
+
+    def updated_state(self) -> torch.Tensor:
+        """The cache's state buffer a decode kernel updates in place (its entering state).
+
+        Once the decode kernel has returned, the buffer holds the state after
+        the step: where ``state_output`` is read on a decode step, after every
+        value inside the kernel, so that one order of reads holds on prompts and
+        decode steps alike.
+        """
+        return self.argument(ENTERING_STATE)
+
+    def reads_state_after_the_update(self) -> bool:
+        """Whether a decode step's ``state_output`` is read once the kernel has returned, rather than inside it.
+
+        Inside (at the binding of the new state, before the kernel computes
+        its output) unless the head outputs, which come after it, were read
+        first in this call: then from the cache's buffer the kernel updated in
+        place (``updated_state``). Both orders of the two thus work.
+        """
+        furthest = self._peek("furthest")
+        head_outputs = self._stage("attention_head_outputs")
+        return furthest is not None and (furthest.stage > head_outputs or "attention_head_outputs" in furthest.names)
+
+    def write_updated_state(self, value: torch.Tensor, layout: Callable) -> None:
+        """Copy ``value``, in the standard ``layout``, into the decode kernel's state buffer.
+
+        What a decode step's ``state_output`` write does once the kernel has
+        returned: the next step starts from the buffer, and this step's output
+        is already computed.
+        """
+        with torch.no_grad():
+            layout(self.updated_state()).copy_(value)
+
+    def read_state_output(self, value: Any, layout: Callable) -> torch.Tensor:
+        """``state_output`` as read from ``value`` served at its place: the kernel's final state, or on a decode step a copy.
+
+        On a decode step the copy is of the new state inside the update, or of
+        the cache's buffer once the update returned (``reads_state_after_the_update``).
+        """
+        if not self.decoding():
+            return layout(value)
+        if self.reads_state_after_the_update():
+            buffer = self.updated_state()
+            return self.serve_state(buffer, layout, buffer=buffer)
+        return self.serve_state(value, layout)
+
+    def place_state_output(self, value: torch.Tensor, layout: Callable) -> Any:
+        """What an assigned ``state_output`` puts at its place: the state in the kernel's layout, or, once a decode
+        kernel returned, its unchanged output, the state having been copied into the cache's buffer."""
+        if not (self.decoding() and self.reads_state_after_the_update()):
+            return layout(value)
+        self.write_updated_state(value, layout)
+        return self._call_operation().output
+
+    @staticmethod
+    def serve_state(state: torch.Tensor, layout: Callable, buffer: torch.Tensor | None = None) -> torch.Tensor:
+        """A copy of a kernel's state in the standard ``layout`` (the identity, or a swap of the last two axes).
+
+        A copy because the cache overwrites the state in place on later
+        steps. It remembers where it came from, so that an in-place edit goes
+        back (:meth:`write_back_state`): into ``buffer`` when given (the
+        cache's, after the kernel returned), else in place of the kernel's own
+        tensor.
+        """
+        served = layout(state).clone()
+        setattr(served, SERVED_FROM, (buffer, layout))
+        return served
+
+    @staticmethod
+    def write_back_state(served: torch.Tensor, element: Any) -> Any:
+        """The write-back of a state read through :meth:`serve_state`: what goes back at its place, edits included.
+
+        Runs where nnsight flushes an edited view, when the worker may already
+        be pinned to another step, so it needs nothing but the served tensor.
+        A state served as the kernel's own tensor (or a view of it) was edited
+        in place already.
+        """
+        buffer, layout = getattr(served, SERVED_FROM, (None, None))
+        if layout is None:
+            return element
+        if buffer is None:
+            return layout(served)
+        with torch.no_grad():
+            layout(buffer).copy_(served)
+        return element
+
+
+@functools.cache
+def _signature(function: Callable) -> inspect.Signature:
+    return inspect.signature(function)
