@@ -6,10 +6,15 @@ from transformers.models.falcon import modeling_falcon as MODELING
 
 from nnterp import Unavailable
 from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, Suite, close, tiny_standardized
+from nnterp_attention import NOT_EAGER
 from nnterp_attention.families.falcon import FLASH, FUSED, PARALLEL_BLOCK
 from nnterp_attention.testing import AlibiAttentionSuite
 
 INTERIOR = ("attention_queries", "attention_keys", "attention_values", "attention_head_outputs")
+#: Whether the installed forward computes its pattern itself (before transformers 5.25), told apart here by its
+#: helper rather than as the family tells: it adds ALiBi to the logits as well as through the mask, repeats the new
+#: architecture's keys for their query group, and under sdpa materializes all but the scores and the pattern.
+OWN_ARITHMETIC = hasattr(MODELING.FalconAttention, "_split_heads")
 
 
 def linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -22,9 +27,9 @@ class FalconSuite(Suite):
     """What every Falcon block shape must have beyond the suites: the ALiBi-or-rotary pattern, the MLP's own output."""
 
     def test_pattern_is_recomputed_from_queries_and_keys(self) -> None:
-        """(q k^T + ALiBi) / sqrt(head_dim) + ALiBi / sqrt(head_dim) (folded into the mask) + the causal mask.
+        """(q k^T + ALiBi) / sqrt(head_dim) (folded into the mask) + the causal mask, and the pattern its softmax.
 
-        ALiBi is added twice, once to the logits and once through the mask the model folds it into.
+        A forward computing its pattern itself adds ALiBi a second time, to the logits before they are scaled.
         """
         attention = self.model.layers[0].self_attn
         with self.model.trace(PROMPT):
@@ -36,7 +41,7 @@ class FalconSuite(Suite):
         logits = queries @ keys.repeat_interleave(heads // keys.shape[1], dim=1).transpose(-1, -2)
         if self.model._module.config.alibi:
             bias = MODELING.build_alibi_tensor(torch.ones(1, seq), heads, torch.float32).view(1, heads, 1, seq)
-            logits = logits + 2 * bias
+            logits = logits + (2 if OWN_ARITHMETIC else 1) * bias
         logits = logits / math.sqrt(attention.head_dim)
         causal = torch.tril(torch.ones(seq, seq, dtype=torch.bool))
         close(scores[..., causal], logits[..., causal], what="served scores vs recomputed, on the causal keys")
@@ -93,12 +98,32 @@ class FalconSuite(Suite):
         assert [tuple(v.shape) for v in (step_keys, step_values)] == [(1, kv_heads, seq + 1, head_dim)] * 2
         close(step_keys[:, :, :seq], prompt_keys, what="the decode step's cached keys vs the prompt's")
 
+    def test_sdpa_through_the_interface_is_eager_attention_without_the_interior(self) -> None:
+        """Through the attention interface sdpa computes eager's attention, ALiBi included; the interior raises."""
+        if OWN_ARITHMETIC:
+            pytest.skip("this forward computes its pattern itself: see test_sdpa_serves_what_it_materializes")
+        model = tiny_standardized(self.family, **{**self.load, "attn_implementation": "sdpa"})
+        reason = NOT_EAGER.format(implementation="sdpa")
+        support = model.support()
+        for name in (*INTERIOR, "attention_scores", "attention_probabilities"):
+            assert support[f"self_attn.{name}"] == dict.fromkeys(range(model.num_layers), reason), name
+        with pytest.raises(Unavailable, match=r"attn_implementation='sdpa'.*attn_implementation='eager'"):
+            with model.trace(PROMPT):
+                model.layers[0].self_attn.attention_queries.save()
+        outputs = []
+        for which in (self.model, model):
+            with which.trace(PROMPT):
+                outputs.append(which.layers[-1].self_attn.attention_output.save())
+        close(outputs[1], outputs[0], what="attention_output under sdpa vs eager")
+
     def test_sdpa_serves_what_it_materializes(self) -> None:
         """Under sdpa: queries, keys and values as under eager, head outputs mixing them; scores and pattern raise.
 
         The head outputs are recomputed from the served queries, keys and values with the bias sdpa gets: ALiBi
         once, through the mask (eager adds it twice, so under ALiBi the two implementations differ).
         """
+        if not OWN_ARITHMETIC:
+            pytest.skip("this forward calls the attention interface: see the test of sdpa through the interface")
         model = tiny_standardized(self.family, **{**self.load, "attn_implementation": "sdpa"})
         support = model.support()
         for name in ("attention_scores", "attention_probabilities"):
@@ -162,11 +187,16 @@ class TestFalcon40B(LayerSuite, AttentionSuite, FalconSuite, ParallelBlock):
             with torch.no_grad():
                 block.ln_mlp.weight.copy_(weight)
 
-    def test_keys_come_repeated_for_their_query_group(self) -> None:
+    def test_keys_come_with_num_kv_heads(self) -> None:
+        """One key head per group through the interface; a forward computing its pattern itself repeats it per query head."""
         attention = self.model.layers[0].self_attn
         (keys,) = self.read(0, "attention_keys")
-        assert attention.num_kv_heads == attention.num_heads == keys.shape[1]
-        close(keys[:, 0], keys[:, 1], what="the two query heads of one group get the same key")
+        expected = attention.num_heads if OWN_ARITHMETIC else attention._module.num_kv_heads
+        assert attention.num_kv_heads == keys.shape[1] == expected
+        if OWN_ARITHMETIC:
+            close(keys[:, 0], keys[:, 1], what="the two query heads of one group get the same key")
+        else:
+            assert not torch.allclose(keys[:, 0], keys[:, 1]), "the two groups got the same key"
 
 
 class TestFalcon7B(LayerSuite, AttentionSuite, FalconSuite, ParallelBlock):
@@ -175,10 +205,10 @@ class TestFalcon7B(LayerSuite, AttentionSuite, FalconSuite, ParallelBlock):
     family = "falcon"
 
     def test_flash_attention_is_reported_unread(self) -> None:
-        """FalconFlashAttention2 has a forward of its own: every interior value says so, rather than waiting for it."""
+        """Flash attention runs no eager arithmetic this family reads: every interior value says so, rather than waiting."""
         model = tiny_standardized(self.family)
         model._module.config._attn_implementation = "flash_attention_2"
-        reason = FLASH.format(implementation="flash_attention_2")
+        reason = (FLASH if OWN_ARITHMETIC else NOT_EAGER).format(implementation="flash_attention_2")
         support = model.support()
         for name in (*INTERIOR, "attention_scores", "attention_probabilities"):
             assert support[f"self_attn.{name}"] == dict.fromkeys(range(model.num_layers), reason), name
@@ -196,7 +226,7 @@ class TestFalconRW(LayerSuite, AlibiAttentionSuite, FalconSuite):
     """Sequential with ALiBi: the stream between the sublayers exists, and the pattern carries the bias."""
 
     family = "falcon"
-    # By path Falcon loads under sdpa, whose ALiBi pattern differs from eager's (added once, not twice): load eager.
+    # By path Falcon loads under sdpa, which materializes no pattern: load eager.
     load = {"parallel_attn": False, "alibi": True, "multi_query": False, "bias": True, "attn_implementation": "eager"}
 
     def test_sequential_block_has_layer_mid(self) -> None:

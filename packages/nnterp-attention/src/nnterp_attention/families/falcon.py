@@ -1,4 +1,4 @@
-"""Falcon: three blocks, an attention that computes its pattern itself, and a block that adds into the MLP's output.
+"""Falcon: three blocks, an attention read where its forward computes it, and a block that adds into the MLP's output.
 
 The block is pre-norm, ``self_attention`` as ``self_attn``, the MLP's
 ``dense_4h_to_h`` as ``down_proj`` and ``act`` as ``act_fn``. Checkpoints
@@ -18,23 +18,33 @@ what is read stays the MLP's own (see ``FalconMlp``). The dropouts between the
 sublayers and the stream (zero in the released configs, inactive in eval) are
 not read through: in training the contributions do not add up.
 
-The attention is read at its own operations (``OwnArithmeticAttention``), on
-the branch the config takes, rotary or ALiBi. The queries after the rotary
-embedding (under ALiBi, where they are laid out by head). The keys and values
-as the cache update returns them, so a decode step's include the cached ones;
-they are the cache's own tensors, so an in-place edit reaches later steps
-too and an assignment this call alone, and a trace with ``use_cache=False``
-makes no update and is refused them (an ``OrderError``). The new architecture
-repeats each key and value head for its query group before the cache, so
-they come with ``num_heads`` heads (``num_kv_heads`` says so). The scores at
-the softmax: under ALiBi the model adds the bias twice, to the logits and
-through the mask it folds the bias into, each time over sqrt(head_dim). The
-pattern after the softmax (after the dropout, under ALiBi), the head outputs
-where the forward lays them out by head. Under sdpa the forward hands the
-queries, keys and values to ``scaled_dot_product_attention``, which adds
-ALiBi once: the scores and the pattern are unavailable, the rest are read as
-under eager (a trace passing ``output_attentions=True`` runs the eager
-arithmetic, which an sdpa load does not read).
+The attention is served as the installed forward computes it
+(``SHARED_INTERFACE``). A forward that calls transformers' attention interface
+(transformers 5.25 on) is an ordinary ``Attention``: the keys and values as
+the interface receives them, after the cache update, with ``num_kv_heads``
+heads (the new architecture's are no longer repeated); the scores at the eager
+softmax, where ALiBi comes in once, over sqrt(head_dim), through the mask the
+model folds it into, so eager and sdpa compute the same attention; under sdpa
+the interior is unavailable, as on every such attention.
+
+An earlier forward computes its pattern itself and is read at its own
+operations (``FalconAttention``), on the branch the config takes, rotary or
+ALiBi. The queries after the rotary embedding (under ALiBi, where they are
+laid out by head). The keys and values as the cache update returns them, so a
+decode step's include the cached ones; they are the cache's own tensors, so an
+in-place edit reaches later steps too and an assignment this call alone, and a
+trace with ``use_cache=False`` makes no update and is refused them (an
+``OrderError``). The new architecture repeats each key and value head for its
+query group before the cache, so they come with ``num_heads`` heads
+(``num_kv_heads`` says so). The scores at the softmax: under ALiBi the model
+adds the bias twice, to the logits and through the mask it folds the bias
+into, each time over sqrt(head_dim). The pattern after the softmax (after the
+dropout, under ALiBi), the head outputs where the forward lays them out by
+head. Under sdpa the forward hands the queries, keys and values to
+``scaled_dot_product_attention``, which adds ALiBi once: the scores and the
+pattern are unavailable, the rest are read as under eager (a trace passing
+``output_attentions=True`` runs the eager arithmetic, which an sdpa load does
+not read).
 """
 
 from typing import Any
@@ -44,8 +54,12 @@ from transformers.models.falcon import modeling_falcon as MODELING
 
 from nnterp import PARALLEL, EProperty, Mlp, TupleLayer, contribution
 from nnterp.layouts import Residual
+from nnterp_attention.attention import Attention
+from nnterp_attention.generic import INTERFACE_CALL, calls
 from nnterp_attention.own_arithmetic import OwnArithmeticAttention
 
+#: Whether the installed FalconAttention.forward calls the attention interface rather than computing its pattern itself.
+SHARED_INTERFACE = calls(MODELING.FalconAttention.forward, INTERFACE_CALL)
 PARALLEL_BLOCK = (
     f"{PARALLEL}; both are called with layer_input through their norms (attention_norm_output, mlp_norm_output), "
     "and the block adds both outputs at once, layer_output = layer_input + attention_output + mlp_output; read "
@@ -61,9 +75,9 @@ FLASH = (
     "this family does not read; load the model with attn_implementation='eager' (or 'sdpa', for all but the scores "
     "and the pattern)"
 )
-#: The values Falcon's forward materializes under sdpa: all but the scores and the pattern.
+#: The values a forward computing its pattern itself materializes under sdpa: all but the scores and the pattern.
 SDPA_MATERIALIZES = ("QUERIES", "KEYS", "VALUES", "HEAD_OUTPUTS")
-#: Where each value is read on the rotary branch, the ALiBi branch, and the ALiBi branch under sdpa.
+#: Where such a forward computes each value on the rotary branch, the ALiBi branch, and the ALiBi branch under sdpa.
 ROTARY = dict(
     QUERIES="source.apply_rotary_pos_emb_0.output",
     SCORES="source.F_softmax_0.input",
@@ -109,6 +123,8 @@ class FalconLayer(TupleLayer):
 
 
 class FalconAttention(OwnArithmeticAttention):
+    """A forward that computes its pattern itself, read at its own operations: the branch's, and sdpa's where it differs."""
+
     ELEMENTS = {"KEYS": 0, "VALUES": 1}
     KEYS = VALUES = "source.layer_past_update_0.output"
     QUERIES = property(lambda self: self.places()["QUERIES"])
@@ -165,7 +181,7 @@ class FalconMlp(Mlp):
 MODEL_TYPES = ("falcon",)
 ENVOYS = {
     MODELING.FalconDecoderLayer: FalconLayer,
-    MODELING.FalconAttention: FalconAttention,
+    MODELING.FalconAttention: Attention if SHARED_INTERFACE else FalconAttention,
     MODELING.FalconMLP: FalconMlp,
 }
 RENAME = {
