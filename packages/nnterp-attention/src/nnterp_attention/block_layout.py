@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import ast
 import inspect
-import textwrap
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from nnterp.forward_source import ForwardSource
 from nnterp.registry import Unrecognized
 
 #: A term: ("input",), ("out", child, term), ("sum", terms...), ("tuple", terms...), ("scaled", term, attribute)
@@ -98,8 +98,7 @@ class ForwardReader:
         self.block = block
         self.children = dict(block.named_children())
         function = type(block).forward
-        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-        self.function = tree.body[0]
+        self.function = ForwardSource.of(function).definition
         arguments = [argument.arg for argument in self.function.args.args]
         if len(arguments) < 2:
             raise Unrecognized(f"{type(block).__name__}.forward takes no hidden states")

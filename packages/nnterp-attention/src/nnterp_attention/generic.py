@@ -21,9 +21,7 @@ A generic family says so: its ``GENERIC`` is the recognized layout, which
 
 from __future__ import annotations
 
-import ast
 import inspect
-import textwrap
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -31,6 +29,7 @@ import torch
 
 from nnterp import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, EProperty, Layer, Mlp, TupleLayer
 from nnterp.analysis.lens import called_after_blocks
+from nnterp.forward_source import ForwardSource
 from nnterp.layouts import Neurons, Residual
 from nnterp.registry import Unrecognized
 from nnterp.testing.shrink import tiny_overrides
@@ -302,12 +301,12 @@ def interior_reason(module: torch.nn.Module) -> str | None:
     cls = type(module)
     if not any(hasattr(module, name) for name in OUTPUT_PROJECTIONS):
         return OWN_HEADS.format(name=cls.__name__, projections=", ".join(OUTPUT_PROJECTIONS))
-    if not calls(cls.forward, INTERFACE_CALL):
+    if not ForwardSource.of(cls.forward).calls(INTERFACE_CALL):
         return OWN_ATTENTION.format(name=cls.__name__)
     eager = getattr(inspect.getmodule(cls), "eager_attention_forward", None)
     if eager is None:
         return OWN_EAGER.format(function=f"{cls.__module__} (which has no eager_attention_forward)")
-    operations = [ast.unparse(node.func) for node in ast.walk(parse(eager)) if isinstance(node, ast.Call)]
+    operations = [operation.called for operation in ForwardSource.of(eager).operations]
     standard = operations.count("nn.functional.softmax") == 1 and operations.count("nn.functional.dropout") == 1
     if not standard or "torch.cat" in operations:
         return OWN_EAGER.format(function=f"{cls.__module__}.eager_attention_forward")
@@ -319,15 +318,3 @@ def contributing(sublayer: type, post_norm: str) -> type:
     return type(
         f"PostNorm{sublayer.__name__}", (sublayer,), {"__module__": __name__, "CONTRIBUTION": f"../{post_norm}.output"}
     )
-
-
-def calls(function: Any, name: str) -> bool:
-    """Whether ``function``'s body calls a function named ``name``."""
-    return any(
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
-        for node in ast.walk(parse(function))
-    )
-
-
-def parse(function: Any) -> ast.AST:
-    return ast.parse(textwrap.dedent(inspect.getsource(function)))

@@ -14,7 +14,6 @@ model no family serves stands out. ``nnterp coverage`` prints it.
 from __future__ import annotations
 
 import importlib.util
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,11 @@ from typing import Any
 from transformers.models.auto.configuration_auto import model_type_to_module_name
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from .forward_source import hub_kernels
 from .registry import REGISTRY, UnknownModelType, family_name
 
 #: The packages whose hub kernels are recurrent mixers' (a gated delta rule, KDA, a selective or chunk scan).
 RECURRENT_PACKAGES = ("fla", "mamba_ssm")
-#: transformers' declaration of a kernel it takes from the hub: ``("kernel name", "package")``.
-HUB_KERNEL = re.compile(r'use_kernel_func_from_hub_with_fallback\(\s*"([^"]+)",\s*"([^"]+)"')
 
 
 @dataclass(frozen=True)
@@ -58,7 +56,7 @@ def recurrent_kernels(model_type: str) -> tuple[str, ...]:
         return ()
     kernels = set()
     for path in Path(spec.submodule_search_locations[0]).glob("modeling_*.py"):
-        for name, package in HUB_KERNEL.findall(path.read_text()):
+        for _, name, package in hub_kernels(path):
             if package in RECURRENT_PACKAGES:
                 kernels.add(name)
     return tuple(sorted(kernels))

@@ -53,13 +53,14 @@ import torch
 from transformers.models.falcon import modeling_falcon as MODELING
 
 from nnterp import PARALLEL, EProperty, Mlp, TupleLayer, contribution
+from nnterp.forward_source import ForwardSource
 from nnterp.layouts import Residual
 from nnterp_attention.attention import Attention
-from nnterp_attention.generic import INTERFACE_CALL, calls
+from nnterp_attention.generic import INTERFACE_CALL
 from nnterp_attention.own_arithmetic import OwnArithmeticAttention
 
 #: Whether the installed FalconAttention.forward calls the attention interface rather than computing its pattern itself.
-SHARED_INTERFACE = calls(MODELING.FalconAttention.forward, INTERFACE_CALL)
+SHARED_INTERFACE = bool(ForwardSource.of(MODELING.FalconAttention.forward).calls(INTERFACE_CALL))
 PARALLEL_BLOCK = (
     f"{PARALLEL}; both are called with layer_input through their norms (attention_norm_output, mlp_norm_output), "
     "and the block adds both outputs at once, layer_output = layer_input + attention_output + mlp_output; read "

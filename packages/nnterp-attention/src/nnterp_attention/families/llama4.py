@@ -14,11 +14,10 @@ every tile's flattened into one [tokens, vision_output_dim]; each token lands
 on one ``<|patch|>`` token of the prompt.
 """
 
-import inspect
-
 from transformers.models.llama4 import modeling_llama4 as MODELING
 
 from nnterp import TupleLayer, Vision, VisionLayer, VisionMlp
+from nnterp.forward_source import ForwardSource
 from nnterp_attention.vision import VisionAttention
 
 from . import llama4_text
@@ -44,7 +43,7 @@ class Llama4VisionLayer(VisionLayer, TupleLayer):
 NO_IMAGES = (
     "this transformers' Llama4ForConditionalGeneration.forward reads image_outputs off its text model's output, "
     "which has none, so every forward of the wrapper raises; the checkpoint loads as Llama4ForCausalLM, for text"
-    if "image_outputs=outputs.image_outputs" in inspect.getsource(MODELING.Llama4ForConditionalGeneration.forward)
+    if ForwardSource.of(MODELING.Llama4ForConditionalGeneration.forward).reads("image_outputs=outputs.image_outputs")
     else None
 )
 #: transformers resolves Llama 4's saved image processor only with torchvision.

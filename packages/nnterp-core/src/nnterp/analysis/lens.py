@@ -12,18 +12,16 @@ positions, and ``steer`` is ``value[:, positions] += vector`` on a standard valu
 
 from __future__ import annotations
 
-import ast
-import functools
-import inspect
-import textwrap
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from nnsight.intervention.source import SourceNotAvailable
 from torch import Tensor
 
 from ..components.standard import axis_size
 from ..descriptor import DerivedEProperty, EProperty, Unavailable
+from ..forward_source import ForwardSource
 from ..positions import Positions, select_indices
 
 
@@ -84,48 +82,20 @@ HEAD_UNAVAILABLE: dict[str, str] = {
 }
 
 
-@functools.cache
-def _forward_source(cls: type) -> str | None:
+def _forward_source(cls: type) -> ForwardSource | None:
     try:
-        return inspect.getsource(cls.forward)
-    except (OSError, TypeError):
+        return ForwardSource.of(cls.forward)
+    except (SourceNotAvailable, OSError, TypeError, SyntaxError):
         return None
 
 
-@functools.cache
 def called_after_blocks(cls: type, blocks: str) -> tuple[str, ...] | None:
     """The attributes of ``self`` that ``cls.forward`` calls after its loop over ``self.<blocks>``, in running order.
 
     ``None`` when the forward's source cannot be read or holds no such loop.
     """
     source = _forward_source(cls)
-    try:
-        tree = ast.parse(textwrap.dedent(source)) if source is not None else None
-    except SyntaxError:
-        tree = None
-    if tree is None:
-        return None
-
-    def on_self(node: ast.AST, name: str | None = None) -> bool:
-        return (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == "self"
-            and name in (None, node.attr)
-        )
-
-    loops = [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.For) and any(on_self(inner, blocks) for inner in ast.walk(node.iter))
-    ]
-    if not loops:
-        return None
-    end = max(loop.end_lineno or loop.lineno for loop in loops)
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and node.lineno > end and on_self(node.func)]
-    # a call nested in another's arguments runs first: order by where each call ends
-    calls.sort(key=lambda node: (node.end_lineno or node.lineno, node.end_col_offset or 0))
-    return tuple(dict.fromkeys(node.func.attr for node in calls))  # type: ignore[attr-defined]
+    return None if source is None else source.called_after_loop(blocks)
 
 
 def _model_types(model: Any) -> tuple[str, ...]:
@@ -244,7 +214,7 @@ def head_transforms(model: Any) -> list[tuple[HeadTransform, float]]:
                 f"unembed on a {types[0]} model: its config sets {row.attribute}={number!r}, and the source of "
                 f"{type(model._module).__name__}.forward, which says whether it is applied, cannot be read"
             )
-        if row.attribute in source:
+        if source.reads(row.attribute):
             found.append((row, float(number)))
     return found
 

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..descriptor import BoundArgument, TokenEProperty, resolve, unavailable
+from ..forward_source import ForwardSource
 from ..layouts import ExpertIndices, ExpertOutputs, ExpertWeights, Residual, RouterLogits
 from .mlp import Mlp
 from .standard import contribution
@@ -123,7 +124,7 @@ def needs_grouped_experts(moe: Moe) -> str | None:
         return reason
     experts = moe.experts_module()
     name = type(experts).__name__
-    if "experts_interface" not in inspect.getclosurevars(type(experts).forward).nonlocals:
+    if "experts_interface" not in ForwardSource.of(type(experts).forward).nonlocal_names():
         return (
             f"{name} has one forward of its own, which runs the experts one after another and sums each slot's "
             f"output into the result as it goes, so no tensor holds the slots; read routed_output"
