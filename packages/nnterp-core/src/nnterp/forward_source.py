@@ -450,20 +450,30 @@ def callee(bound: Any) -> Callee:
     return Callee(how, function, pure, implementation, package)
 
 
-def hub_kernel_replacing(owner: Any, name: str) -> str | None:
-    """The hub kernel ``kernels.kernelize`` put in place of the function module ``name`` for ``owner``, or ``None``.
+def hub_kernel_replacing(owner: Any, bound: Any) -> str | None:
+    """The hub kernel ``kernels.kernelize`` put in place of the function module ``bound`` for ``owner``, or ``None``.
 
     A module class decorated with ``kernels.use_kernelized_func`` gives each
     instance its own copy of each function module it calls
-    (``owner._kernel_funcs``); kernelizing the model replaces that copy's
-    ``forward`` with the hub kernel's, which has no Python source here.
+    (``owner._kernel_funcs``, an instance of the module-level one's class);
+    kernelizing the model replaces that copy's ``forward`` with the hub
+    kernel's, which has no Python source here, and notes the repository it
+    came from. ``None`` too when ``bound`` is no function module (a plain or
+    routed function).
     """
-    copy_for_owner = getattr(owner, "__dict__", {}).get("_kernel_funcs", {}).get(name)
+    if hub_module_function(bound) is None:
+        return None
+    copies = getattr(owner, "__dict__", {}).get("_kernel_funcs", {}).values()
+    copy_for_owner = next((copy for copy in copies if type(copy) is type(bound)), None)
     if copy_for_owner is None or "forward" not in copy_for_owner.__dict__:
         return None
+    repository = copy_for_owner.__dict__.get("_kernel_repo")
+    for attribute in ("repo_id", "_repo_id"):
+        if isinstance(getattr(repository, attribute, None), str):
+            return getattr(repository, attribute)
     replacement = copy_for_owner.__dict__["forward"]
-    layer = getattr(replacement, "__self__", None)
-    return getattr(type(layer), "__module__", None) or getattr(replacement, "__module__", None) or "a hub kernel"
+    layer = getattr(replacement, "__func__", replacement)
+    return getattr(layer, "__qualname__", None) or "a hub kernel"
 
 
 # -- what a modeling module declares ---------------------------------------------------------------------

@@ -120,6 +120,16 @@ def bound_kernel(module: torch.nn.Module, located: Located) -> Any:
     return namespace.get(located.names[-1])
 
 
+def live_bindings(module_class: type, located: Located) -> list[tuple[str, Any]]:
+    """Each name on the way to the call ``located`` and what the modeling module binds it to now."""
+    namespace, bound = vars(modeling_module(module_class)), []
+    for name in located.names:
+        value = namespace.get(name)
+        bound.append((name, value))
+        namespace = getattr(callee(value).function, "__globals__", {}) if value is not None else {}
+    return bound
+
+
 def compiled_globals(body: Callable) -> dict:
     """The globals nnsight compiled an instrumented forward over: its innermost function's, under the decorators."""
     innermost, _ = decorator_chain(body)
@@ -145,7 +155,7 @@ def expose(module: torch.nn.Module, layout: ForwardLayout) -> None:
 def _expose(module: torch.nn.Module, namespace: dict, names: tuple[str, ...]) -> None:
     name, rest = names[0], names[1:]
     bound = namespace.get(name)
-    if bound is None or hub_kernel_replacing(module, name) is not None:
+    if bound is None or hub_kernel_replacing(module, bound) is not None:
         return
     function = hub_module_function(bound)
     if function is not None:
@@ -176,10 +186,27 @@ def needs_kernel_call(envoy: "RecurrentMixer") -> str | None:
 
     The arguments are read at the call in the mixer's own forward, whatever
     the kernel's name is bound to (routed, transformers' default, an optimized
-    package's kernel or a hub kernel), so the only reason is the forward's:
-    it does not make the calls the mixer's declaration says.
+    package's kernel or a hub kernel). So the reasons are the forward's: it
+    does not make the calls the mixer's declaration says, or a helper that
+    makes them was replaced by a hub kernel, which makes none.
     """
-    return declaration_mismatch(envoy)
+    reason = declaration_mismatch(envoy)
+    if reason is not None:
+        return reason
+    for located in envoy.forward_layout().calls():
+        for helper, bound in live_bindings(type(envoy._module), located)[:-1]:
+            replaced = hub_kernel_replacing(envoy._module, bound)
+            if replaced is not None:
+                return _kernelized(envoy, helper, replaced, "which calls none of the kernels the values are read at")
+    return None
+
+
+def _kernelized(envoy: "RecurrentMixer", name: str, replaced: str, what: str) -> str:
+    return (
+        f"{type(envoy._module).__name__} runs {name} as the hub kernel {replaced}, which kernels.kernelize put in "
+        f"place of transformers' Python function ({what}); load the model without use_kernels=True (and do not "
+        f"kernelize it) to read these"
+    )
 
 
 def needs_torch_kernels(envoy: "RecurrentMixer") -> str | None:
@@ -194,14 +221,9 @@ def needs_torch_kernels(envoy: "RecurrentMixer") -> str | None:
         return reason
     module = envoy._module
     for located in envoy.forward_layout().calls():
-        for name in located.names:
-            replaced = hub_kernel_replacing(module, name)
-            if replaced is not None:
-                return (
-                    f"{type(module).__name__} runs {name} as a hub kernel ({replaced}) that kernels.kernelize put in "
-                    f"place of transformers' Python function, which has no Python source to read inside; load the "
-                    f"model without use_kernels=True (and do not kernelize it) to read these"
-                )
+        replaced = hub_kernel_replacing(module, live_bindings(type(module), located)[-1][1])
+        if replaced is not None:
+            return _kernelized(envoy, located.call.function, replaced, "with no Python source to read inside")
         dispatched = callee(bound_kernel(module, located))
         if dispatched.implementation is not dispatched.torch_function:
             return (
