@@ -1,8 +1,8 @@
-from nnterp.testing import AttentionSuite, LayerSuite, MoeSuite, draw_selection_bias
+from nnterp.testing import AttentionSuite, ForwardChangeSuite, LayerSuite, MoeSuite, draw_selection_bias
 from nnterp_deltanet.testing import DeltaNetSuite
 
 
-class TestKimiLinear(LayerSuite, AttentionSuite, DeltaNetSuite, MoeSuite):
+class TestKimiLinear(LayerSuite, AttentionSuite, DeltaNetSuite, MoeSuite, ForwardChangeSuite):
     family = "kimi_linear"
 
     @classmethod

@@ -1,6 +1,6 @@
-from nnterp.testing import AttentionSuite, LayerSuite
+from nnterp.testing import AttentionSuite, ForwardChangeSuite, LayerSuite
 from nnterp_deltanet.testing import DeltaNetSuite
 
 
-class TestQwen3_5Text(LayerSuite, AttentionSuite, DeltaNetSuite):
+class TestQwen3_5Text(LayerSuite, AttentionSuite, DeltaNetSuite, ForwardChangeSuite):
     family = "qwen3_5_text"

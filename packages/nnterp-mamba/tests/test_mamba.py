@@ -1,6 +1,6 @@
-from nnterp.testing import LayerSuite
+from nnterp.testing import ForwardChangeSuite, LayerSuite
 from nnterp_mamba.testing import SelectiveScanSuite
 
 
-class TestMamba(LayerSuite, SelectiveScanSuite):
+class TestMamba(LayerSuite, SelectiveScanSuite, ForwardChangeSuite):
     family = "mamba"

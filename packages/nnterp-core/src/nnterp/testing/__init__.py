@@ -1,5 +1,6 @@
 """Testing kit: tiny models built locally, and the conformance suites a family's tests mix in."""
 
+from .forward_change import ForwardChangeSuite
 from .models import save_tiny, tiny_config, tiny_model, tiny_standardized
 from .moe import MoeSuite, draw_selection_bias
 from .recurrent import RecurrentMixerSuite, check_positions, close_relative
@@ -19,6 +20,7 @@ from .tokenizer import local_tokenizer
 __all__ = [
     "ATOL",
     "AttentionSuite",
+    "ForwardChangeSuite",
     "LayerSuite",
     "HyperConnectionSuite",
     "MoeSuite",
