@@ -283,6 +283,8 @@ class EProperty(eproperty):
         already pinned to another step, where a key function would answer for
         that step.
         """
+        if spans_calls(obj, self):
+            return obj.read_across_calls(self)
         location = self._location(obj)
         self._check_ahead(obj, location)
         mediator = Mediator.current(location)
@@ -324,6 +326,8 @@ class EProperty(eproperty):
         self._check(obj)
         with self.in_order(obj):
             check_order(obj, self.name)
+            if spans_calls(obj, self):
+                obj.write_across_calls(self)
             location = self._location(obj)
             self._check_ahead(obj, location)
             raw = Mediator.value(location)
@@ -617,6 +621,12 @@ def check_order(obj: Envoy, name: str) -> None:
     check = getattr(type(obj), "check_order", None)
     if check is not None:
         check(obj, name)
+
+
+def spans_calls(obj: Envoy, value: EProperty) -> bool:
+    """Whether the host serves ``value`` across several calls its forward makes (a recurrent mixer's kept states)."""
+    spans = getattr(type(obj), "spans_calls", None)
+    return spans is not None and spans(obj, value)
 
 
 def record_order(obj: Envoy, name: str, written: bool = False) -> None:

@@ -95,6 +95,7 @@ class LinearAttention(RecurrentMixer):
     PER_TOKEN = TOKEN_LOOP
     # both kernels return (head outputs, final state)
     ORDER = RETURNED_TOGETHER
+    TOKEN_AXES = {"query": 1, "key": 1, "value": 1, "g": 1, "beta": 1}
     KIND = "gated DeltaNet"
 
     # -- sizes ---------------------------------------------------------------------

@@ -134,6 +134,8 @@ class SelectiveScan(RecurrentMixer):
         },
     )
     PER_TOKEN = SelectiveScanLoop()
+    # the scan's tensors are channel-first, tokens last; the update's have no tokens axis
+    TOKEN_AXES = {"hidden_states": -1, "dt": -1, "B": -1, "C": -1, "z": -1}
     #: token_mixing's heads: each channel runs its own recurrence over its own x
     MIXING_HEADS = CHANNELS
     KIND = "Mamba-1 selective scan"

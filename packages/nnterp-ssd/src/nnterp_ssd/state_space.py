@@ -135,6 +135,8 @@ class StateSpace(RecurrentMixer):
         reads={"head_outputs": Binding("out", under="D is not None")},
     )
     PER_TOKEN = ChunkBoundaries()
+    # the scan's tensors are tokens-first; the update's have no tokens axis (and its dt is repeated over head_dim)
+    TOKEN_AXES = {"hidden_states": 1, "dt": 1, "B": 1, "C": 1}
     # the scan returns (y, final state); a decode step's state is read on either side of y
     ORDER = RETURNED_TOGETHER
     KIND = "Mamba-2 (SSD)"
@@ -359,6 +361,12 @@ class StateSpace(RecurrentMixer):
 
     states = RecurrentMixer.states.laid_out(SSDStates)
     state_trajectory = RecurrentMixer.state_trajectory.laid_out(SSDStates)
+
+    def as_prompt_argument(self, name: str, value: Any) -> Any:
+        """A decode step's argument laid out as the chunk scan takes it (``_scan_argument``), where it carries tokens."""
+        if not self.decoding() or name not in self.TOKEN_AXES or value is None:
+            return value
+        return self._tokens(value[..., 0] if name == "dt" else value)
 
     def _scan_argument(self, name: str) -> torch.Tensor:
         """The kernel's tokens-first argument ``name`` in the chunk scan's layout, on a decode step too.

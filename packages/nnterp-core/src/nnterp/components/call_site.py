@@ -23,7 +23,8 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FunctionType
 from typing import TYPE_CHECKING, Any
@@ -32,8 +33,9 @@ import torch
 from nnsight.intervention.interleaver import Mediator
 from nnsight.intervention.source import STATE, decorator_chain
 
-from ..descriptor import BoundArgument
+from ..descriptor import BoundArgument, resolve
 from ..forward_source import Call, ForwardSource, callee, hub_kernel_replacing, hub_module_function
+from ..order import OrderError, standard_path
 from .declaration import (
     ENTERING_STATE,
     DeclarationMismatch,
@@ -44,7 +46,7 @@ from .declaration import (
     forward_layout,
     modeling_module,
 )
-from .per_call import per_call, replace_per_call
+from .per_call import per_call, pinned, replace_per_call
 
 if TYPE_CHECKING:
     from .recurrent import RecurrentMixer
@@ -261,6 +263,17 @@ def argument(name: str) -> ArgumentOf:
     return ArgumentOf(name)
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One of the kernel calls a call of the mixer makes: which declared call, and the mixer call's tokens it covers."""
+
+    located: Located
+    start: int
+    stop: int
+    #: Its place among the call's segments, in the order the forward makes them.
+    position: int
+
+
 class CallSite:
     """One call of a recurrent mixer: which declared kernel fires, its arguments, its states and their write-back.
 
@@ -275,6 +288,9 @@ class CallSite:
     #: The mixer module's attribute counting the kernel calls one forward makes, where the forward calls its kernel
     #: in a loop (``"n_mamba_heads"``); ``None``: once per forward.
     CALLS_PER_FORWARD: str | None = None
+    #: The mixer's arguments that carry one entry per token, and their tokens axis in the prompt kernel's layout: how
+    #: the arguments of a call that makes several kernel calls are joined (``merged_arguments``).
+    TOKEN_AXES: Mapping[str, int] = {}
 
     @property
     def source(self) -> Any:
@@ -316,30 +332,234 @@ class CallSite:
         attribute = type(self).CALLS_PER_FORWARD
         return 1 if attribute is None else getattr(self._module, attribute)
 
+    def forward_call(self) -> tuple[int, Any]:
+        """This call's length and the cache it was given, read once per call at the mixer's input."""
+
+        def read() -> tuple[int, Any]:
+            hidden, cache = forward_arguments(self.inputs)
+            return hidden.shape[1], cache
+
+        return per_call(self, "forward call", read)
+
     def kernel_call(self) -> KernelCall:
         """The kernel call that fires on this call of the mixer (``PROMPT`` or ``DECODE``), decided once per call.
 
         The forward's own test: the token-by-token update for one token over a
         cached state, the prompt's kernel for everything else (several tokens
-        over a cached state included).
+        over a cached state included). While one segment of a call that makes
+        several kernel calls is read (``segments``), that segment's.
         """
+        segment = self.current_segment()
+        if segment is not None:
+            return segment.located.call
         cls = type(self)
 
         def choose() -> KernelCall:
-            hidden, cache = forward_arguments(self.inputs)
-            decoding = hidden.shape[1] == 1 and cache is not None and has_cached_state(cache, self._module.layer_idx)
+            seq, cache = self.forward_call()
+            decoding = seq == 1 and cache is not None and has_cached_state(cache, self._module.layer_idx)
             return cls.DECODE if decoding else cls.PROMPT
 
         return per_call(self, "kernel", choose)
 
     def located(self) -> Located:
-        """Where the kernel call that fires on this call of the mixer is made."""
+        """Where the kernel call that fires on this call of the mixer (or on the segment being read) is made."""
+        segment = self.current_segment()
+        if segment is not None:
+            return segment.located
         layout = self.forward_layout()
         return layout.decode if self.decoding() else layout.prompt
 
     def decoding(self) -> bool:
-        """Whether this call of the mixer is a decode step (the update over the cached state) rather than a prompt."""
+        """Whether the kernel that fires is the decode step's (the update over the cached state) rather than a prompt's."""
         return self.kernel_call() is type(self).DECODE
+
+    # -- a call that makes several kernel calls ------------------------------------------------------
+
+    def segments(self) -> tuple[Segment, ...]:
+        """The kernel calls this call of the mixer makes, in order, each with the tokens it covers; decided once per call.
+
+        One, but for a prompt over a cache that keeps the states of its last
+        tokens (transformers 5.25's ``get_recurrent_states_to_keep``, for
+        speculative decoding): the prompt's kernel over the tokens before them
+        (skipped when there are none and the forward says so), then the decode
+        kernel once per kept token.
+        """
+
+        def split() -> tuple[Segment, ...]:
+            layout = self.forward_layout()
+            seq, cache = self.forward_call()
+            kept = 0
+            if layout.kept is not None and not self.decoding():
+                kept = kept_states(cache, self._module.layer_idx, seq)
+            if not kept:
+                return (Segment(self.located(), 0, seq, 0),)
+            start = seq - kept
+            pieces = []
+            if start or not set(layout.prompt.arms) - set(layout.kept.arms):
+                pieces.append(Segment(layout.prompt, 0, start, 0))
+            pieces += [
+                Segment(layout.kept, token, token + 1, len(pieces) + i) for i, token in enumerate(range(start, seq))
+            ]
+            return tuple(pieces)
+
+        return per_call(self, "segments", split)
+
+    def segmented(self) -> bool:
+        """Whether this call of the mixer makes several kernel calls (``segments``)."""
+        return len(self.segments()) > 1
+
+    def current_segment(self) -> Segment | None:
+        """The segment being read now (``in_segment``), if any."""
+        return self._peek("segment")
+
+    @contextmanager
+    def in_segment(self, segment: Segment) -> Iterator[None]:
+        """Read ``segment``'s values: its kernel call, its arguments, its places."""
+        previous = self.current_segment()
+        replace_per_call(self, "segment", segment)
+        try:
+            yield
+        finally:
+            replace_per_call(self, "segment", previous)
+
+    def records(self) -> dict[tuple[int, str], Any]:
+        """What every segment's kernel call was given and returned, and the places its body binds that the mixer
+        reads (``KernelCall.reads``, and a one-token update's ``token_state``), by (segment, location): read once per
+        call, in the forward's order.
+
+        Each read is the next occurrence of its place, since the segments run
+        one after the other: the sweep starts before the call's first kernel
+        call and follows the forward to the last one's output.
+        """
+
+        def sweep() -> dict[tuple[int, str], Any]:
+            recorded: dict[tuple[int, str], Any] = {}
+            with pinned(None):
+                for segment in self.segments():
+                    with self.in_segment(segment):
+                        operation = self._call_operation()
+                        recorded[(segment.position, type(operation).inputs._location(operation))] = operation.inputs
+                        body = self.body_source()
+                        call = segment.located.call
+                        # a one-token update binds its token state once: what its state_output is read at
+                        one_token = [call.token_state] if call is type(self).DECODE and call.token_state else []
+                        places = sorted(
+                            {place.find(body).label: place for place in (*call.reads.values(), *one_token)}.values(),
+                            key=lambda place: body.operations.index(place.find(body)),
+                        )
+                        for place in places:
+                            node, attribute = resolve(self, f"{self._body_path()}.{place.find(body).label}.output")
+                            location = getattr(type(node), attribute)._location(node)
+                            recorded[(segment.position, location)] = getattr(node, attribute)
+                        recorded[(segment.position, type(operation).output._location(operation))] = operation.output
+            return recorded
+
+        return per_call(self, "records", sweep)
+
+    def recorded(self, location: str) -> Any:
+        """What the segment being read recorded at ``location``.
+
+        Raises:
+            nnterp.OrderError: no segment records that place.
+        """
+        segment = self.current_segment()
+        records = self.records()
+        if (segment.position, location) not in records:
+            raise OrderError(
+                f"{standard_path(self)}: this call makes {len(self.segments())} kernel calls (it keeps the states of "
+                f"its last tokens), and {location.rsplit('.', 2)[-2]} is not among what each of them records; read "
+                f"the call's values at its kernel calls' arguments and outputs"
+            )
+        return records[(segment.position, location)]
+
+    def spans_calls(self, value: Any) -> bool:
+        """Whether ``value`` (a descriptor of this mixer) is read across several kernel calls of this call."""
+        if not value.is_operation() or not self.segmented():
+            return False
+        with self.in_segment(self.segments()[0]):
+            return value._location(self).startswith(f"{self.path}.source.")
+
+    def read_across_calls(self, value: Any) -> Any:
+        """``value`` over the whole call: each segment's piece from its records, joined along the tokens axis.
+
+        A value without a tokens axis is the first segment's when read at the
+        kernel's arguments (the state the call starts from), the last
+        segment's otherwise (the state it ends with). What is served is a
+        copy: an edit of it does not reach the model (see ``write_across_calls``).
+        """
+        segments = self.segments()
+        dims = value.dims or ()
+        if "seq" not in dims:
+            with self.in_segment(segments[0]):
+                at_arguments = value._location(self).endswith((".input", ".inputs"))
+            segments = segments[:1] if at_arguments else segments[-1:]
+        pieces = []
+        for segment in segments:
+            with self.in_segment(segment):
+                pieces.append(value._serve(self, self.recorded(value._location(self))))
+        return torch.cat(pieces, dim=dims.index("seq")) if "seq" in dims else pieces[0]
+
+    def write_across_calls(self, value: Any) -> None:
+        """Refuse a write of ``value`` on a call that makes several kernel calls: its pieces' places follow each other."""
+        raise OrderError(
+            f"{value.name} on {standard_path(self)} is read-only on this call: it keeps the states of its last "
+            f"{len(self.segments()) - 1} token(s) (a cache recording its past, as speculative decoding asks), so "
+            f"transformers runs those tokens through the decode kernel one at a time after the prompt's kernel, and "
+            f"the value spans kernel calls the forward makes one after the other. Write it in a trace whose cache "
+            f"does not record its past (no activate_past_recording)"
+        )
+
+    def merged_arguments(self) -> tuple[tuple, dict]:
+        """The call's arguments as one prompt kernel call over all its tokens: what the kind's math reads.
+
+        Each argument that carries tokens (``TOKEN_AXES``) is the segments'
+        pieces, laid out as the prompt's kernel takes them
+        (``as_prompt_argument``) and joined; the others are the prompt
+        segment's, else the first segment's.
+        """
+        cls = type(self)
+        layout = self.forward_layout()
+        signature = inspect.signature(callee(bound_kernel(self._module, layout.prompt)).torch_function)
+        parameters = signature.parameters
+        names = {cls.PROMPT.parameter(name): name for name in (*cls.TOKEN_AXES, *cls.arguments())}
+        names.setdefault(cls.PROMPT.parameter(ENTERING_STATE), ENTERING_STATE)
+        merged: dict[str, Any] = {}
+        segments = self.segments()
+        for parameter in parameters.values():
+            if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                continue
+            name = names.get(parameter.name, parameter.name)
+            if name in cls.TOKEN_AXES:
+                pieces = []
+                for segment in segments:
+                    with self.in_segment(segment):
+                        pieces.append(self.as_prompt_argument(name, self.argument(name)))
+                present = [piece for piece in pieces if piece is not None]
+                merged[parameter.name] = torch.cat(present, dim=cls.TOKEN_AXES[name]) if present else None
+                continue
+            with self.in_segment(segments[0]):
+                found = self.argument(name)
+                merged[parameter.name] = (
+                    found if segments[0].located.call is cls.PROMPT else self.as_prompt_argument(name, found)
+                )
+        bound = signature.bind(**merged)
+        return bound.args, bound.kwargs
+
+    def as_prompt_argument(self, name: str, value: Any) -> Any:
+        """The segment being read's argument ``name`` laid out as the prompt's kernel takes it.
+
+        The prompt's own are; a decode kernel's tensor missing the tokens axis
+        (a one-token update) gains it at ``TOKEN_AXES[name]``. A kind whose
+        decode kernel lays an argument out otherwise says so here.
+        """
+        if not self.decoding() or name not in type(self).TOKEN_AXES or not isinstance(value, torch.Tensor):
+            return value
+        axis = type(self).TOKEN_AXES[name]
+        with self.in_segment(self.segments()[0]):
+            prompt_rank = self.argument(name).dim() if self.kernel_call() is type(self).PROMPT else None
+        if prompt_rank is not None and value.dim() == prompt_rank:
+            return value
+        return value.unsqueeze(axis)
 
     def kernel_call_argument(self, name: str) -> BoundArgument:
         """The ``select`` of argument ``name`` of the kernel call that fires: found by its pure-torch kernel's signature."""
@@ -362,7 +582,14 @@ class CallSite:
         (``entering_state``): they are first read at the call's start, before
         anything overwrites that state.
         """
-        arguments = per_call(self, "arguments", lambda: self._call_operation().inputs)
+        segment = self.current_segment()
+        if segment is not None:
+            operation = self._call_operation()
+            return self.recorded(type(operation).inputs._location(operation))
+        if self.segmented():
+            arguments = per_call(self, "arguments", self.merged_arguments)
+        else:
+            arguments = per_call(self, "arguments", lambda: self._call_operation().inputs)
         per_call(self, "entering_state", lambda: self._copied_state(arguments))
         return arguments
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import transformers
 
-from ..forward_source import Binding, Call, ForwardSource, NotInForward, Operation, callee
+from ..forward_source import Arm, Binding, Call, ForwardSource, NotInForward, Operation, callee
 
 if TYPE_CHECKING:
     from .recurrent import RecurrentMixer
@@ -82,6 +82,8 @@ class Located:
     names: tuple[str, ...]
     #: The loop the call sits in inside its function, for a call the forward makes several times; else ``None``.
     loop: str | None = None
+    #: The conditions the call sits under inside its function.
+    arms: tuple[Arm, ...] = ()
 
     @property
     def key(self) -> str:

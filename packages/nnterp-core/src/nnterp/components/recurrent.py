@@ -120,6 +120,8 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         """The key of ``state``: the state operation inside the kernel that fires, drilled into before the call runs."""
         # under tracer.iter the worker is pinned to a token, not to this call: the call is decided relaxed
         with pinned(None):
+            if self.segmented():
+                self.write_across_calls(type(self).state)
             self.call_arguments()
             self._body_operation().source
             return f"{self._body_path()}.{self.token_state_label()}.output"
@@ -144,7 +146,7 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         binds (``per_token_states``); after (a later value of the call was read
         first), computed from the call's arguments as ``state_trajectory`` is.
         """
-        if self._token_passed(0):
+        if self.segmented() or self._token_passed(0):
             return self._recomputed("states", None)
         return self.per_token_states()
 
@@ -354,7 +356,7 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         computed from the call's arguments, as ``trajectory(positions=t)``.
         """
         position = self._position("state_after", t)
-        if self._token_passed(position):
+        if self.segmented() or self._token_passed(position):
             return self._recomputed(f"state_after({t})", position)
         op, first, seq = self._token_op()
         pieces = []
@@ -375,6 +377,8 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         a position the loop has passed raises :class:`OrderError`.
         """
         position = self._position("set_state_after", t)
+        if self.segmented():
+            self.write_across_calls(type(self).states)
         if self._token_passed(position):
             furthest = self._peek("furthest")
             after = f" after {furthest.last}" if furthest is not None else ""

@@ -13,6 +13,7 @@ then compares the two, on a prompt, a left-padded batch, each decode step of
 from __future__ import annotations
 
 import inspect
+import unittest
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,22 +23,37 @@ import torch
 from transformers.integrations import use_kernel_func_from_hub_with_fallback
 
 from ..components.call_site import CACHE_ARGUMENTS
-from ..components.declaration import modeling_module
+from ..components.declaration import forward_layout, modeling_module
 from ..components.per_token import PerToken
 from ..components.recurrent import RecurrentMixer
 from ..components.routing import route_kernels
 from ..descriptor import Unavailable
 from ..forward_source import callee
+from ..order import OrderError
 from ..registry import REGISTRY
 from .mixing import TokenMixingSuite
 from .models import tiny_standardized
 from .order import TraceOrderSuite
-from .suites import BATCH, PROMPT, blocks_with
+from .suites import BATCH, PROMPT, blocks_with, raises
 
 #: How far a computed trajectory may be from the model's own states, relative to their largest entry (float32).
 TRAJECTORY_TOLERANCE = 1e-5
 #: Decode steps the generate checks take.
 STEPS = 3
+#: Tokens a speculative-decoding cache keeps the states of, in the kept-states checks.
+KEPT = 3
+#: The values a call that keeps states serves whole, compared with a call that keeps none, in the order they are read
+#: on the plain call.
+ACROSS_CALLS = (
+    "attention_queries",
+    "attention_keys",
+    "attention_values",
+    "decays",
+    "betas",
+    "attention_head_outputs",
+    "state_output",
+    "state_trajectory",
+)
 #: ``positions=`` selections of a 150-token call, each kind the argument takes, and their test ids.
 POSITIONS = (
     5,
@@ -364,3 +380,82 @@ class RecurrentMixerSuite(TokenMixingSuite, TraceOrderSuite):
             close_relative(states, selected(full, positions), f"trajectory(positions={positions!r}) vs the full one")
         assert read[-1].dtype == torch.float64
         close_relative(read[-1], full[:, -1], "trajectory(positions=-1, dtype=float64)")
+
+    # -- a prompt over a cache that keeps its last tokens' states (speculative decoding) ------------------------
+
+    def kept_cache(self) -> dict[str, Any]:
+        """A cache that keeps the states of a prompt's last ``KEPT`` tokens, as speculative decoding asks, as the
+        keyword argument the model takes it under.
+
+        Skips where the installed forward keeps none (transformers before 5.25).
+        """
+        mixer = self.mixer(self.recurrent_layers()[0])
+        if forward_layout(type(mixer), type(mixer._module)).kept is None:
+            raise unittest.SkipTest(
+                f"{type(mixer._module).__name__}'s forward keeps no states for speculative decoding"
+            )
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model._module.config)
+        cache.activate_past_recording(recurrent_states_to_keep=KEPT)
+        accepted = inspect.signature(self.model._module.forward).parameters
+        return {next(name for name in CACHE_ARGUMENTS if name in accepted): cache, "use_cache": True}
+
+    def test_a_call_keeping_states_serves_every_value_whole(self) -> None:
+        """The prompt's kernel, then the decode kernel once per kept token: every value over all of the prompt's
+        tokens, equal to a call that keeps none, read in any order."""
+        cache = self.kept_cache()
+        layers = self.recurrent_layers()
+        support = self.model.support(layer=layers[0])
+        names = [name for name in ACROSS_CALLS if support[f"linear_attn.{name}"] is None]
+        plain: list[torch.Tensor] = []
+        kept: list[torch.Tensor] = []
+        with self.model.trace(PROMPT):
+            for layer in layers:
+                plain.extend(getattr(self.mixer(layer), name).save() for name in names)
+                plain.append(self.mixer(layer).token_mixing().save())
+            plain.append(self.model.logits.save())
+        with self.model.trace(PROMPT, **cache):
+            for layer in layers:
+                mixer = self.mixer(layer)
+                read = {name: getattr(mixer, name).save() for name in reversed(names)}
+                kept.extend(read[name] for name in names)
+                kept.append(mixer.token_mixing().save())
+            kept.append(self.model.logits.save())
+        labels = [f"layers[{layer}].{name}" for layer in layers for name in (*names, "token_mixing")] + ["logits"]
+        for label, expected, actual in zip(labels, plain, kept, strict=True):
+            close_relative(actual, expected, f"{label} on a call keeping {KEPT} states")
+
+    def test_a_call_keeping_states_serves_its_states_and_refuses_writes(self) -> None:
+        cache = self.kept_cache()
+        mixer = self.mixer(self.recurrent_layers()[0])
+        plain: list[torch.Tensor] = []
+        kept: list[torch.Tensor] = []
+        with self.per_token_states():
+            with self.model.trace(PROMPT):
+                plain.extend((mixer.states.save(), mixer.state_output.save()))
+            with self.model.trace(PROMPT, **cache):
+                kept.extend((mixer.states.save(), mixer.state_after(-1).save(), mixer.state_output.save()))
+                with raises(OrderError, "keeps the states of its last"):
+                    mixer.attention_keys = mixer.attention_keys * 0
+                if self.model.support(layer=self.recurrent_layers()[0])["linear_attn.state"] is None:
+                    with raises(OrderError, "keeps the states of its last"):
+                        mixer.set_state_after(0, kept[1])
+        close_relative(kept[0], plain[0], f"states on a call keeping {KEPT} states")
+        close_relative(kept[1], kept[2], "state_after(-1) vs state_output on a call keeping states")
+        close_relative(kept[2], plain[1], "state_output on a call keeping states")
+
+    def test_a_decode_step_continues_a_call_keeping_states(self) -> None:
+        """The cache a call keeping states leaves is what the next step starts from, and that step reads as usual."""
+        cache = self.kept_cache()
+        layer = self.recurrent_layers()[0]
+        mixer = self.mixer(layer)
+        ids = self.model.tokenizer(PROMPT, return_tensors="pt").input_ids
+        read: list[torch.Tensor] = []
+        with self.model.trace(ids, **cache):
+            read.append(mixer.state_output.save())
+        with self.model.trace(ids[:, -1:], **cache):
+            read.extend((mixer.state_input.save(), mixer.state_trajectory.save(), mixer.state_output.save()))
+        leaving, entering, trajectory, final = read
+        close_relative(entering, leaving, "the decode step's state_input vs the kept call's state_output")
+        close_relative(trajectory[:, -1], final, "the decode step's trajectory vs its state_output")
