@@ -199,6 +199,8 @@ class EProperty(eproperty):
         if whole is not None:
             return whole
         own = self.unavailable(obj) if callable(self.unavailable) else self.unavailable
+        if own is None and hasattr(self.path, "reason"):
+            own = self.path.reason(obj)  # a key found in the installed forward (forward_source.Place)
         return own if own is not None else sliced_reason(self.dims, obj.root)
 
     def key_for(self, obj: Envoy) -> str:

@@ -152,19 +152,19 @@ class Recorder(Instrument):
             setattr(node, field, self.visit(old))
 
     @contextmanager
-    def _arm(self, arm: Arm) -> Iterator[None]:
-        self._arms.append(arm)
+    def _inside(self, stack: list, where: Arm | Loop) -> Iterator[None]:
+        stack.append(where)
         try:
             yield
         finally:
-            self._arms.pop()
+            stack.pop()
 
     def _conditional(self, node: ast.If | ast.IfExp) -> ast.AST:
         test = ast.unparse(node.test)
         self._field(node, "test")
-        with self._arm(Arm(test, True)):
+        with self._inside(self._arms, Arm(test, True)):
             self._field(node, "body")
-        with self._arm(Arm(test, False)):
+        with self._inside(self._arms, Arm(test, False)):
             self._field(node, "orelse")
         return node
 
@@ -175,21 +175,15 @@ class Recorder(Instrument):
         self._field(node, "target")
         before = len(self.names)
         self._field(node, "iter")
-        self._loops.append(Loop(header, tuple(self.names[before:])))
-        try:
+        with self._inside(self._loops, Loop(header, tuple(self.names[before:]))):
             self._field(node, "body")
-        finally:
-            self._loops.pop()
         self._field(node, "orelse")
         return node
 
     def visit_While(self, node: ast.While) -> ast.AST:
         self._field(node, "test")
-        self._loops.append(Loop(f"while {ast.unparse(node.test)}", ()))
-        try:
+        with self._inside(self._loops, Loop(f"while {ast.unparse(node.test)}", ())):
             self._field(node, "body")
-        finally:
-            self._loops.pop()
         self._field(node, "orelse")
         return node
 
@@ -384,6 +378,42 @@ class Call:
 
     def __str__(self) -> str:
         return f"the call of `{self.name}`{self._where()}"
+
+
+@dataclass(frozen=True)
+class Place:
+    """A value's place, for an ``EProperty`` key: the operation ``spec`` names in the forward of the host envoy's module
+    (``module=".."``: its parent's), served at ``attribute``.
+
+    Called with the envoy it gives ``source.<label>.<attribute>`` (``../source...`` for the parent), the label found
+    in the installed forward; ``reason(envoy)`` says, instead of raising, when that forward holds no such operation.
+    """
+
+    spec: Binding | Call
+    attribute: str = "output"
+    module: str = ""
+
+    def _host(self, envoy: Any) -> tuple[Any, str]:
+        if self.module == "..":
+            return envoy.parent, "../"
+        return envoy, ""
+
+    def __call__(self, envoy: Any) -> str:
+        host, prefix = self._host(envoy)
+        return f"{prefix}source.{_found(self.spec, type(host._module)).label}.{self.attribute}"
+
+    def reason(self, envoy: Any) -> str | None:
+        host, _ = self._host(envoy)
+        try:
+            _found(self.spec, type(host._module))
+        except NotInForward as error:
+            return f"{type(host._module).__name__}'s forward in this transformers does not hold it: expected {error}"
+        return None
+
+
+@functools.cache
+def _found(spec: Binding | Call, module_class: type) -> Operation:
+    return spec.find(ForwardSource.of(module_class.forward))
 
 
 # -- what a called name is bound to ----------------------------------------------------------------------
