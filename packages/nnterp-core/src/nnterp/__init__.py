@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import families, layouts
+from . import compatibility, families, layouts  # compatibility first: it warns on an unverified transformers
 from .census import Coverage, coverage
+from .compatibility import UnverifiedTransformersWarning
 from .components.call_site import needs_torch_kernels
 from .components.layer import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, Layer, TupleLayer
 from .components.mlp import Mlp
@@ -68,11 +69,13 @@ __all__ = [
     "UnknownFamily",
     "UnknownModelType",
     "Unrecognized",
+    "UnverifiedTransformersWarning",
     "Vision",
     "VisionLayer",
     "VisionMlp",
     "axis_size",
     "blocks_support",
+    "compatibility",
     "contribution",
     "coverage",
     "families",
