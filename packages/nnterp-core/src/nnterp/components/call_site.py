@@ -474,7 +474,7 @@ class CallSite:
 
     def spans_calls(self, value: Any) -> bool:
         """Whether ``value`` (a descriptor of this mixer) is read across several kernel calls of this call."""
-        if not value.is_operation() or not self.segmented():
+        if not value.is_operation() or declaration_mismatch(self) is not None or not self.segmented():
             return False
         with self.in_segment(self.segments()[0]):
             return value._location(self).startswith(f"{self.path}.source.")

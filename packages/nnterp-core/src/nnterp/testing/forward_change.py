@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import inspect
+import io
 import itertools
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from typing import ClassVar
 import torch
 import transformers
 
+from ..cli import check_families
 from ..components.declaration import forward_changes, modeling_module
 from ..components.recurrent import RecurrentMixer
 from ..descriptor import Unavailable
@@ -190,7 +192,11 @@ class ForwardChangeSuite(Suite):
             for part in (f"changed in transformers {version}", self.family, expected, "needs an update"):
                 assert part in reason, f"linear_attn.{value}: {part!r} not in {reason!r}"
         changes = forward_changes(REGISTRY.family(self.family))
-        assert len(changes) == 1 and expected in changes[0], f"nnterp check would report: {changes}"
+        assert len(changes) == 1 and expected in changes[0], f"the family's forward changes: {changes}"
+        report = io.StringIO()
+        assert check_families(report, [REGISTRY.family(self.family)]) == 1
+        assert f"FAILED: forward changed in transformers {version}" in report.getvalue(), report.getvalue()
+        assert expected in report.getvalue() and "Traceback" not in report.getvalue(), report.getvalue()
         mixer = model.layers[layer].linear_attn
         with model.trace(PROMPT):
             with raises(Unavailable, f"changed in transformers {version}"):
