@@ -26,8 +26,13 @@ class TestLlama4(VisionSuite):
             entering = self.model.projector.input.save()
             leaving = self.model.projector.output.save()
             features = vision.image_features.save()
-        close(entering, folded.flatten(0, 1), what="projector.input vs the adapter's output, tile after tile")
-        close(features, leaving, what="image_features vs the projector's output")
+        # transformers 5.25 hands the projector every tile's tokens as they come, [tiles, tokens, ...]; before, flattened
+        close(
+            entering.flatten(0, -2),
+            folded.flatten(0, 1),
+            what="projector.input vs the adapter's output, tile after tile",
+        )
+        close(features, leaving.flatten(0, -2), what="image_features vs the projector's output")
 
     def test_each_tile_fills_one_run_of_patch_tokens(self) -> None:
         vision, config = self.model.vision, self.model._module.config.vision_config
