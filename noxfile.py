@@ -53,7 +53,7 @@ def package_dir(name: str) -> str:
 @nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str, transformers: str) -> None:
     """One package's tests, in an environment holding it, its declared dependencies and one transformers."""
-    session.install(TORCH, f"transformers=={transformers}", "pytest", "pillow")
+    session.install(TORCH, f"transformers=={transformers}", "pytest", "pytest-xdist", "pillow")
     session.install(*(package_dir(dependency) for dependency in PACKAGES[package]), package_dir(package))
     session.run("pytest", "-q", "-c", str(ROOT / "pyproject.toml"), package_dir(package) + "/tests", *session.posargs)
 
@@ -91,7 +91,7 @@ def bench(session: nox.Session) -> None:
 
 def install_all(session: nox.Session) -> None:
     """torch, pytest, pillow and every package of this repository, built from the working tree (not editable)."""
-    session.install(TORCH, "pytest", "pillow")
+    session.install(TORCH, "pytest", "pytest-xdist", "pillow")
     session.install(*(package_dir(package) for package in PACKAGES))
 
 
