@@ -34,7 +34,7 @@ from .descriptor import DerivedEProperty, EProperty, TokenEProperty, Unavailable
 from .hookspecs import hookimpl, hookspec
 from .layouts import *  # noqa: F403
 from .order import OrderError
-from .registry import REGISTRY, PluginError, UnknownFamily, UnknownModelType, Unrecognized
+from .registry import REGISTRY, ForeignModel, PluginError, UnknownFamily, UnknownModelType, Unrecognized
 from .transformer import StandardizedTransformer
 
 __version__ = "0.1.0"
@@ -43,6 +43,7 @@ __all__ = [
     "Coverage",
     "DerivedEProperty",
     "EProperty",
+    "ForeignModel",
     "HyperConnectionLayer",
     "ImageScatter",
     "Layer",

@@ -128,6 +128,11 @@ class UnknownModelType(PluginError):
         self.reasons = reasons
 
 
+class ForeignModel(PluginError):
+    """A model of a type a family serves, built from classes that are not the family's: another package registered
+    its own model for that type in transformers' Auto classes (flash-linear-attention does, for Mamba and Mamba-2)."""
+
+
 class Unrecognized(PluginError):
     """A plugin's generic family does not recognize a model's layout; the message says what it found."""
 

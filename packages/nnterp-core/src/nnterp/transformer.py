@@ -12,13 +12,15 @@ import torch
 from nnsight import NNsightDeprecationWarning
 from nnsight.modeling.tp.envoys import tp_envoys, wants_tensor_parallel
 from nnsight.modeling.transformers import TransformersModel
+from transformers.models.auto.configuration_auto import model_type_to_module_name
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .components.standard import blocks_support
 from .components.vision import VISION_NAMES, check_images, missing_tower, vision_family
 from .descriptor import DerivedEProperty, EProperty
 from .layouts import Logits, Probabilities
 from .placement import check_device_map, input_device, pipeline_placement
-from .registry import REGISTRY, family_name
+from .registry import REGISTRY, ForeignModel, family_name
 from .remote import ship_by_reference
 from .tensor_parallel import shim_nnsight
 
@@ -92,6 +94,37 @@ def register_causal_lm(family: ModuleType, config: Any) -> None:
         AutoModelForCausalLM._model_mapping._extra_content.setdefault(type(config), causal_lm)
 
 
+def check_family_modules(family: ModuleType, module: torch.nn.Module) -> None:
+    """Raise :class:`~nnterp.registry.ForeignModel` unless some module of ``module`` is one the family's envoys wrap.
+
+    A package can register its own model for a type transformers ships (flash-linear-attention registers its
+    Mamba and Mamba-2 over transformers' when it is imported, which transformers does when it looks for fla's
+    kernels); a checkpoint of that type then loads as the package's classes, which no family serves, and every
+    standard value of its blocks would be missing. Checked before any weights load.
+    """
+    classes = tuple(kind for kind in family.ENVOYS if isinstance(kind, type))
+    if not classes or any(isinstance(part, classes) for part in module.modules()):
+        return
+    built = type(module)
+    config = getattr(module, "config", None)
+    kind = model_type(config) if config is not None else "?"
+    own = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind)
+    where = f"transformers.models.{model_type_to_module_name(kind)}"
+    fix = (
+        f"load transformers' own class and pass the model: `from {where} import {own}` then "
+        f"`StandardizedTransformer({own}.from_pretrained(name_or_path), tokenizer=...)`"
+        if own
+        else f"load the model with the classes of {sorted({kind.__module__ for kind in classes})[0]}"
+    )
+    raise ForeignModel(
+        f"the {kind!r} model was built as {built.__module__}.{built.__name__}, whose modules the "
+        f"{family_name(family)} family does not serve (it wraps {', '.join(sorted(k.__name__ for k in classes))} of "
+        f"{classes[0].__module__}): another package registered its own {kind!r} model in transformers' Auto classes "
+        f"({type(config).__module__}; flash-linear-attention does for mamba and mamba2 when it is imported). To read "
+        f"it with nnterp, {fix}"
+    )
+
+
 def model_type(config: Any) -> str:
     """The ``model_type`` a model's family is keyed on."""
     return config.model_type
@@ -159,6 +192,10 @@ class StandardizedTransformer(TransformersModel):
         nnterp.registry.UnknownModelType: no installed plugin handles the
             model's ``model_type`` (the message names the distribution that
             does, when one is known).
+        nnterp.registry.ForeignModel: the model was built from another
+            package's classes registered for its type (flash-linear-attention's
+            Mamba), which its family does not serve; the message says how to
+            load transformers' own.
         ValueError: ``model`` is neither a local directory nor loadable.
     """
 
@@ -192,6 +229,7 @@ class StandardizedTransformer(TransformersModel):
             warnings.simplefilter("ignore", NNsightDeprecationWarning)
             super().__init__(model, tokenizer=tokenizer, **kwargs)
         object.__setattr__(self, "family", family)
+        check_family_modules(family, self._module)
         if getattr(family, "ROOT_SCATTER", None):
             # The images are scattered in the root's own forward, read after the tower's values inside it.
             self.source
