@@ -162,6 +162,8 @@ class SelectiveScanSuite(RecurrentMixerSuite):
             states = mixer.states.save()
         with self.model.trace(PROMPT):  # states walks every token, so a later position is read in a trace of its own
             middle = mixer.state_after(seq // 2).save()
+        if self.walks_tokens(layer):
+            assert len(walked) == seq, f"tracer.iter walked {len(walked)} of the prompt's {seq} tokens"
         for t, state in enumerate(walked):
             assert torch.equal(state, states[:, t]), f"layers[{layer}] state at token {t} != states[:, {t}]"
         assert torch.equal(middle, states[:, seq // 2]), "state_after(t) != states[:, t]"

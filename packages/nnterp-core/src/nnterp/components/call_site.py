@@ -319,6 +319,16 @@ class CallSite:
         return tuple(names)
 
     @classmethod
+    def check_forward(cls, module_class: type, layout: ForwardLayout) -> None:
+        """Check, once per installed forward, any place of it the kind reads beyond its kernel calls.
+
+        A kind whose values are read at other operations of the forward (Zamba's, where every head's tensors are
+        stacked before its loop) raises :class:`~nnterp.forward_source.NotInForward` here when the forward no
+        longer holds them; the declaration is then a mismatch, reported like one of its kernel calls. By default
+        there is nothing more to check.
+        """
+
+    @classmethod
     def calls(cls) -> tuple[KernelCall, KernelCall]:
         """The mixer's two kernel calls: the prompt's and the decode step's."""
         return cls.PROMPT, cls.DECODE
@@ -474,7 +484,10 @@ class CallSite:
 
     def spans_calls(self, value: Any) -> bool:
         """Whether ``value`` (a descriptor of this mixer) is read across several kernel calls of this call."""
-        if not value.is_operation() or declaration_mismatch(self) is not None or not self.segmented():
+        # the token place is one occurrence per token, asked for under tracer.iter's pin to a token: never a span
+        if not value.is_operation() or value.name == "state" or declaration_mismatch(self) is not None:
+            return False
+        if self.forward_layout().kept is None or not self.segmented():
             return False
         with self.in_segment(self.segments()[0]):
             return value._location(self).startswith(f"{self.path}.source.")

@@ -153,9 +153,10 @@ def _described(path: tuple[Operation, ...]) -> str:
 
 
 def _located(call: KernelCall, path: tuple[Operation, ...], names: tuple[str, ...], loop: bool) -> Located:
-    return Located(
-        call, tuple(operation.label for operation in path), names, path[-1].loops[-1].header if loop else None
-    )
+    if loop and not path[-1].loops:
+        raise NotInForward(f"the call of {call.function} inside a loop, once per head; found: {_described(path)}")
+    labels = tuple(operation.label for operation in path)
+    return Located(call, labels, names, path[-1].loops[-1].header if loop else None, path[-1].arms)
 
 
 @functools.cache
@@ -209,6 +210,7 @@ def _find_layout(mixer: type["RecurrentMixer"], module_class: type) -> ForwardLa
     )
     for located in layout.calls():
         _check_kernel(mixer, module_class, located)
+    mixer.check_forward(module_class, layout)
     return layout
 
 
