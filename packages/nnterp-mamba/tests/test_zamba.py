@@ -1,10 +1,12 @@
 """Zamba: Mamba-1 blocks around hybrid blocks whose shared transformer feeds their mixer."""
 
+import ast
+
 import pytest
 import torch
 
 from nnterp import Unavailable
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close
+from nnterp.testing import PROMPT, AttentionSuite, ForwardChangeSuite, LayerSuite, close
 from nnterp_mamba.testing import SelectiveScanSuite
 
 
@@ -70,3 +72,48 @@ class TestZambaTwoMambaHeads(SelectiveScanSuite):
         with pytest.raises(Unavailable, match=r"state on layers\[\d+\]\.linear_attn: .* once per head"):
             with self.model.trace(PROMPT):
                 self.mixer(layer).state.save()
+
+
+class _InMixerForward(ast.NodeTransformer):
+    """``old`` (a name, or a dotted ``torch.<function>``) spelled ``new`` inside ``ZambaMambaMixer.forward`` only."""
+
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+        if node.name != "ZambaMambaMixer":
+            return node
+        forward = next(item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "forward")
+        for inner in ast.walk(forward):
+            if isinstance(inner, ast.Name) and inner.id == self.old:
+                inner.id = self.new
+            elif isinstance(inner, ast.Attribute) and ast.unparse(inner) == self.old:
+                inner.attr = self.new.rsplit(".", 1)[-1]
+        return node
+
+
+class TestZambaForwardChange(ForwardChangeSuite):
+    """A changed kernel call, or a changed place the mixer reads around its loop over heads, is a sentence."""
+
+    family = "zamba"
+    load = {"n_mamba_heads": 2}
+
+    @pytest.mark.parametrize(
+        ("old", "new"),
+        [
+            ("hidden_states_B_C", "hidden_states_B_C_v2"),  # every head's x, read before the loop
+            ("recurrent_state", "recurrent_state_v2"),  # the cache's state a decode step starts from
+            ("torch.cat", "torch.concat"),  # the join of the heads' outputs after the loop
+        ],
+    )
+    def test_a_changed_place_around_the_head_loop_is_named(self, old: str, new: str) -> None:
+        """As a changed kernel call: every recurrent value unavailable with the family, the version and what was
+        expected, nnterp check saying so, the mixer's output unchanged."""
+        layer = self._mixer_layer(self.model)
+        with self.changed(_InMixerForward(old, new), "changed_place") as model:
+            self._assert_named(model, f"`{old}`")
+            with model.trace(PROMPT):
+                changed = model.layers[layer].linear_attn.attention_output.save()
+        with self.model.trace(PROMPT):
+            clean = self.model.layers[layer].linear_attn.attention_output.save()
+        close(changed, clean, what="the changed forward's attention_output vs the installed one's")

@@ -17,6 +17,8 @@ head, in a loop (``ZambaScan``).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,8 +28,9 @@ from transformers.models.zamba import modeling_zamba as MODELING
 
 from nnterp import EProperty, Unavailable, needs_torch_kernels
 from nnterp.analysis.mixing import TokenMixing
-from nnterp.components.declaration import ENTERING_STATE
+from nnterp.components.declaration import ENTERING_STATE, DeclarationMismatch, ForwardLayout, Located, forward_layout
 from nnterp.components.per_call import per_call, pinned, replace_per_call
+from nnterp.forward_source import Binding, Call, ForwardSource, NotInForward, Operation
 from nnterp.layouts import ScanQK, ScanState, ScanStates, ScanValues
 from nnterp.order import standard_path
 from nnterp.positions import Positions
@@ -92,6 +95,122 @@ def _channel_first(stacked: torch.Tensor) -> torch.Tensor:
     return stacked.transpose(0, 1).flatten(1, 2)
 
 
+# -- where the forward's loop over heads is, found in the installed forward ------------------------------------------
+
+
+@dataclass(frozen=True)
+class FirstBinding:
+    """The first binding of a variable: where the forward takes a value it rebinds on another arm later.
+
+    ``recurrent_state`` is bound from the cache first in every release; from
+    transformers 5.23 an else arm binds it ``None`` after that.
+    """
+
+    name: str
+
+    def find(self, source: ForwardSource) -> Operation:
+        found = source.bindings(self.name)
+        if not found:
+            raise NotInForward(f"a binding of `{self.name}` in {source.name}; it binds none")
+        return found[0]
+
+    def __str__(self) -> str:
+        return f"the first binding of `{self.name}`"
+
+
+@dataclass(frozen=True)
+class HeadLoop:
+    """Where the forward calls one of the mixer's kernels once per head: the labels of what the mixer reads around
+    that loop, in the installed forward."""
+
+    #: What is read before the loop, by the mixer's names, in the forward's order: the stacked tensors, then the
+    #: loop's ``range`` (``"loop"``).
+    before: tuple[tuple[str, str], ...]
+    #: The concatenation of the heads' gated outputs after the loop.
+    joined: str
+    #: A prompt's stack of the heads' final states; ``None`` for a decode step.
+    final_state: str | None
+
+    @property
+    def loop(self) -> str:
+        """The label of the loop's ``range``, where the inputs are served."""
+        return self.before[-1][1]
+
+
+def _head_loop(
+    forward: ForwardSource,
+    located: Located,
+    reads: Mapping[str, Binding | Call | FirstBinding],
+    final_state: Binding | None,
+) -> HeadLoop:
+    """Find, around ``located`` (a kernel call the forward makes once per head), the places ``reads`` names before the
+    loop, the ``torch.cat`` on the call's arms after it, and ``final_state`` after it.
+
+    Raises:
+        NotInForward: a place is not where the mixer reads it, saying what was expected and what was found.
+    """
+    function = located.call.function
+    if len(located.path) != 1:
+        raise NotInForward(
+            f"{function} called by the forward itself, once per head; it is called in {located.names[0]}"
+        )
+    call = forward[located.path[0]]
+    if not call.loops or not call.loops[-1].iterable:
+        raise NotInForward(f"{function} called once per head in a loop over a range; found at line {call.line}")
+    header, order = call.loops[-1].header, forward.operations.index
+    # the call producing the loop's iterable is numbered after its arguments: the last of the iterable's labels
+    loop = forward[call.loops[-1].iterable[-1]]
+    found = []
+    for name, spec in reads.items():
+        operation = spec.find(forward)
+        if operation.loops or order(operation) > order(loop):
+            raise NotInForward(
+                f"{spec} before `{header}` (line {loop.line}), where every head's tensors are whole; found at line "
+                f"{operation.line}"
+            )
+        found.append((name, operation))
+    found.sort(key=lambda item: order(item[1]))
+    joins = [
+        operation
+        for operation in forward.calls("torch.cat")
+        if operation.arms == call.arms and not operation.loops and order(operation) > order(call)
+    ]
+    if len(joins) != 1:
+        lines = ", ".join(f"line {operation.line}" for operation in joins) or "none"
+        raise NotInForward(
+            f"one call of `torch.cat` joining the heads after `{header}` (line {loop.line}); found: {lines}"
+        )
+    stacked = None
+    if final_state is not None:
+        stacked = final_state.find(forward)
+        if stacked.loops or order(stacked) < order(call):
+            raise NotInForward(f"{final_state} after `{header}` (line {loop.line}); found at line {stacked.line}")
+    return HeadLoop(
+        tuple((name, operation.label) for name, operation in found) + (("loop", loop.label),),
+        joins[0].label,
+        None if stacked is None else stacked.label,
+    )
+
+
+def find_head_loops(mixer: type["ZambaScan"], module_class: type, layout: ForwardLayout) -> dict[bool, HeadLoop]:
+    """The prompt's (``False``) and the decode step's (``True``) loops over heads around ``layout``'s calls.
+
+    Raises:
+        NotInForward: a place the mixer reads around a loop is not where it reads it.
+    """
+    forward = ForwardSource.of(module_class.forward)
+    return {
+        False: _head_loop(forward, layout.prompt, {**mixer.STACKED, **mixer.PROMPT_READS}, mixer.FINAL_STATE),
+        True: _head_loop(forward, layout.decode, {**mixer.STACKED, **mixer.DECODE_READS}, None),
+    }
+
+
+@functools.cache
+def head_loops(mixer: type["ZambaScan"], module_class: type) -> dict[bool, HeadLoop]:
+    """``find_head_loops`` in ``module_class``'s installed forward, which its declaration was checked against."""
+    return find_head_loops(mixer, module_class, forward_layout(mixer, module_class))
+
+
 class ZambaScan(SelectiveScan):
     """Zamba's mixer: a Mamba-1 scan per Mamba head, each head a group of channels with its own B and C.
 
@@ -106,9 +225,13 @@ class ZambaScan(SelectiveScan):
     assignment or in-place edit lands in the stacked tensor every head's call
     slices. The head outputs are read inside each head's kernel call in turn
     and served, and written, at the concatenation of the gated heads after the
-    loop (``JOINED``); the final state is the stack of the heads' states the
-    cache receives on a prompt, the cache's buffer, updated head by head, on a
-    decode step. With one head this is Mamba-1's mixer exactly.
+    loop; the final state is the stack of the heads' states the cache
+    receives on a prompt, the cache's buffer, updated head by head, on a
+    decode step. With one head this is Mamba-1's mixer exactly. Every place
+    is declared by what it is and found in the installed forward around the
+    kernel call that fires (``head_loops``): the bindings by name, the loop by
+    the call the kernel call sits in, the join as the ``torch.cat`` on the
+    kernel call's arm after it.
 
     The state after every token is each head's scan loop's, one call after
     the other: head ``h``'s token ``t`` is occurrence ``first + h * seq + t``
@@ -125,24 +248,28 @@ class ZambaScan(SelectiveScan):
     """
 
     CALLS_PER_FORWARD = "n_mamba_heads"
-    #: The forward's bindings of every head's tensors, before its loop over heads: the mixer's argument -> its label.
-    #: ``parameters`` is the split of the selective projection into (dt before ``dt_proj``, B, C).
+    #: The forward's bindings of every head's tensors before its loop over heads, by the mixer's argument names: the
+    #: value each name ends up holding (its last binding). ``parameters`` is the split of the selective projection
+    #: into (dt before ``dt_proj``, B, C).
     STACKED = {
-        "z": "gate_0",
-        "hidden_states": "hidden_states_B_C_7",
-        "parameters": "torch_split_0",
-        "dt": "time_step_0",
-        "dt_bias": "time_proj_bias_0",
-        "A": "A_0",
+        "z": Binding("gate"),
+        "hidden_states": Binding("hidden_states_B_C"),
+        "parameters": Call("torch.split"),
+        "dt": Binding("time_step"),
+        "dt_bias": Binding("time_proj_bias"),
+        "A": Binding("A"),
     }
-    #: The ``range`` of heads the loop runs over: a prompt's, a decode step's.
-    LOOP = ("range_1", "range_0")
-    #: A prompt's binding of whether the scan returns its final state (a cache was passed).
-    RETURNS_STATE = "output_final_state_0"
-    #: The concatenation of the heads' gated outputs after the loop: a prompt's, a decode step's.
-    JOINED = ("torch_cat_1", "torch_cat_0")
+    #: Read with them on a decode step: the cache's state buffer, [batch, heads, head_dim, state_dim].
+    DECODE_READS = {ENTERING_STATE: FirstBinding("recurrent_state")}
+    #: Read with them on a prompt: whether the scan returns its final state (a cache was passed).
+    PROMPT_READS = {"return_last_state": Binding("output_final_state")}
     #: A prompt's stack of the heads' final states, [batch, heads, head_dim, state_dim], which the cache receives.
-    FINAL_STATE = "final_state_0"
+    FINAL_STATE = Binding("final_state")
+
+    @classmethod
+    def check_forward(cls, module_class: type, layout: ForwardLayout) -> None:
+        """The places read around the loops over heads are where the mixer reads them (``find_head_loops``)."""
+        find_head_loops(cls, module_class, layout)
 
     # -- sizes ---------------------------------------------------------------------
 
@@ -173,6 +300,17 @@ class ZambaScan(SelectiveScan):
         per_call(self, "first head output", self._first_head_output)
         return arguments
 
+    def head_loop(self) -> HeadLoop:
+        """Where the kernel that fires on this call is called once per head, in the installed forward (``head_loops``).
+
+        Raises:
+            nnterp.Unavailable: the forward does not make the calls and bindings the family declares; says why.
+        """
+        try:
+            return head_loops(type(self), type(self._module))[self.decoding()]
+        except DeclarationMismatch as error:
+            raise Unavailable(f"{standard_path(self)}: {error}") from None
+
     def _read_stacked(self) -> dict[str, Any]:
         """The stacked bindings, then the loop's ``range``, in the forward's order; this invoke's rows of each.
 
@@ -180,21 +318,12 @@ class ZambaScan(SelectiveScan):
         the batch's, and would take the heads axis of a stacked tensor for it:
         they are read whole and narrowed here, on their batch axis.
         """
+        places = self.head_loop().before
         source = self.source
-        labels = dict(self.STACKED)
-        if self.decoding():
-            labels[ENTERING_STATE] = self.CACHED_STATE
-        else:
-            labels["return_last_state"] = self.RETURNS_STATE
-        labels["loop"] = self.LOOP[self.decoding()]
-        lines = source.compiled.lines
         mediator = Mediator.current("call_arguments")
         group, mediator.batch_group = mediator.batch_group, None
         try:
-            read = {
-                name: getattr(source, label).output
-                for name, label in sorted(labels.items(), key=lambda item: lines[item[1]])
-            }
+            read = {name: getattr(source, label).output for name, label in places}
         finally:
             mediator.batch_group = group
         batcher = None if mediator.interleaver is None else mediator.interleaver.batcher
@@ -244,7 +373,7 @@ class ZambaScan(SelectiveScan):
 
         Not a tensor, so nnsight leaves it whole, and an input's write puts it back unchanged.
         """
-        return f"source.{self.LOOP[self.decoding()]}.output"
+        return f"source.{self.head_loop().loop}.output"
 
     # -- the inputs ----------------------------------------------------------------
 
@@ -331,16 +460,15 @@ class ZambaScan(SelectiveScan):
     def _first_head_output(self) -> int:
         """The occurrence of the head outputs' binding inside the kernel that this call's first head makes: its count
         before the loop, as every head's kernel call binds it once."""
-        location = (
-            f"{self.path}.{self._body_path(self.kernel_call().label)}.{self.HEAD_OUTPUTS[self.decoding()]}.output"
-        )
+        label = self.kernel_call().reads["head_outputs"].find(self.body_source()).label
+        location = f"{self.path}.{self._body_path()}.{label}.output"
         return Mediator.current(location).occurrence(location)
 
     def _head_output(self, head: int) -> torch.Tensor:
         """Head ``head``'s y, read inside its kernel call once per call: [batch, head_dim, seq] ([batch, head_dim])."""
         read = per_call(self, "head outputs read", dict)
         if head not in read:
-            inside = self._inside(self.HEAD_OUTPUTS[self.decoding()]).split(".")[:-1]
+            inside = self.inside("head_outputs").split(".")[:-1]
             with pinned(self._peek("first head output") + head):
                 read[head] = functools.reduce(getattr, inside, self).output
         return read[head]
@@ -356,7 +484,7 @@ class ZambaScan(SelectiveScan):
 
     def _head_outputs_key(self) -> str:
         per_call(self, "head outputs", self._read_head_outputs)
-        return f"source.{self.JOINED[self.decoding()]}.output"
+        return f"source.{self.head_loop().joined}.output"
 
     @EProperty(_head_outputs_key, unavailable=needs_torch_kernels)
     def attention_head_outputs(self, value: Any) -> ScanValues:
@@ -375,7 +503,7 @@ class ZambaScan(SelectiveScan):
 
     @attention_head_outputs.postprocess
     def attention_head_outputs(self, value: torch.Tensor) -> torch.Tensor:
-        joined = getattr(self.source, self.JOINED[self.decoding()]).output
+        joined = getattr(self.source, self.head_loop().joined).output
         return _gated(value, _channel_first(self.call_arguments()["z"]), joined.dtype)
 
     @attention_head_outputs.transform
@@ -388,7 +516,7 @@ class ZambaScan(SelectiveScan):
             return self._head_outputs_key()
         if not self.call_arguments()["return_last_state"]:
             raise Unavailable(f"state_output on {standard_path(self)}: {NO_FINAL_STATE}")
-        return f"source.{self.FINAL_STATE}.output"
+        return f"source.{self.head_loop().final_state}.output"
 
     @EProperty(_state_output_key, unavailable=needs_torch_kernels)
     def state_output(self, value: Any) -> ScanState:
@@ -409,7 +537,7 @@ class ZambaScan(SelectiveScan):
     def state_output(self, value: torch.Tensor) -> torch.Tensor:
         if self.decoding():
             self.write_updated_state(value, _same)
-            return getattr(self.source, self.JOINED[1]).output
+            return getattr(self.source, self.head_loop().joined).output
         return value.reshape(value.shape[0], self.groups, self.head_dim, value.shape[-1])
 
     @state_output.transform
