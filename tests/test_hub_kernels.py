@@ -25,7 +25,9 @@ KERNELIZED = "kernels-community/stand-in"
 def kernelize(module: torch.nn.Module, name: str) -> None:
     """What ``kernels.kernelize`` does to ``module``'s copy of the function module its forward calls as ``name``: a
     forward of a hub layer, and the repository it came from; the stand-in runs transformers' own function."""
-    bound = getattr(sys.modules[type(module).__module__], name)
+    bound = getattr(sys.modules[type(module).__module__], name, None)
+    if bound is None:
+        pytest.skip(f"{type(module).__name__}'s forward calls no {name} in this transformers")
     copies = module.__dict__.get("_kernel_funcs", {}).values()
     copy = next((copy for copy in copies if type(copy) is type(bound)), None)
     if copy is None:

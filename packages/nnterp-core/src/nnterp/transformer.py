@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -94,15 +95,15 @@ def register_causal_lm(family: ModuleType, config: Any) -> None:
         AutoModelForCausalLM._model_mapping._extra_content.setdefault(type(config), causal_lm)
 
 
-def check_family_modules(family: ModuleType, module: torch.nn.Module) -> None:
-    """Raise :class:`~nnterp.registry.ForeignModel` unless some module of ``module`` is one the family's envoys wrap.
+def check_family_modules(family: ModuleType, envoys: Mapping, module: torch.nn.Module) -> None:
+    """Raise :class:`~nnterp.registry.ForeignModel` unless some module of ``module`` is one the load's ``envoys`` wrap.
 
     A package can register its own model for a type transformers ships (flash-linear-attention registers its
     Mamba and Mamba-2 over transformers' when it is imported, which transformers does when it looks for fla's
     kernels); a checkpoint of that type then loads as the package's classes, which no family serves, and every
     standard value of its blocks would be missing. Checked before any weights load.
     """
-    classes = tuple(kind for kind in family.ENVOYS if isinstance(kind, type))
+    classes = tuple(kind for kind in envoys if isinstance(kind, type))
     if not classes or any(isinstance(part, classes) for part in module.modules()):
         return
     built = type(module)
@@ -229,7 +230,7 @@ class StandardizedTransformer(TransformersModel):
             warnings.simplefilter("ignore", NNsightDeprecationWarning)
             super().__init__(model, tokenizer=tokenizer, **kwargs)
         object.__setattr__(self, "family", family)
-        check_family_modules(family, self._module)
+        check_family_modules(family, kwargs["envoys"], self._module)
         if getattr(family, "ROOT_SCATTER", None):
             # The images are scattered in the root's own forward, read after the tower's values inside it.
             self.source

@@ -83,7 +83,10 @@ def has_cached_state(cache: Any, layer_idx: int) -> bool:
     """Whether ``cache`` holds a recurrent state for layer ``layer_idx``: the test every recurrent forward makes.
 
     ``get_recurrent_state`` (transformers 5.25 on) returns ``None`` for a layer
-    with no state yet; before, ``has_previous_state`` answers.
+    with no state yet; before, ``has_previous_state`` answers, for the layer's
+    first state where it holds several (Qwen4-exp's layers also keep an n-gram
+    state, which a linear-attention layer never sets, so asking for all of them
+    would never say yes).
     """
     get = getattr(cache, "get_recurrent_state", None)
     if get is not None:
@@ -91,7 +94,10 @@ def has_cached_state(cache: Any, layer_idx: int) -> bool:
             return get(layer_idx) is not None
         except (ValueError, IndexError):
             return False
-    return bool(cache.has_previous_state(layer_idx))
+    previous = cache.has_previous_state
+    if "state_idx" in inspect.signature(previous).parameters:
+        return bool(previous(layer_idx, state_idx=0))
+    return bool(previous(layer_idx))
 
 
 def kept_states(cache: Any, layer_idx: int, seq: int) -> int:
