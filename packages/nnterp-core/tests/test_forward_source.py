@@ -70,6 +70,7 @@ def test_where_each_operation_sits():
     looped = Binding("state", loop=True).find(source)
     assert looped.loops[0].header == "for step in range(3)" and looped.loops[0].iterable == ("range_0",)
     assert Binding("state").find(source).label == looped.label  # the last binding of the name
+    assert Binding("state", first=True).find(source) is source.bindings("state")[0] != looped
     assert Binding("out", under="cache is not None").find(source) is source.bindings("out")[0]
     assert Call("out.to", within="state.copy_").find(source).label == "out_to_0"
 

@@ -333,26 +333,28 @@ def _where(under: str | None, loop: bool) -> str:
 class Binding:
     """The binding of a variable, found by its name: the last one (the value the name ends up holding), narrowed to
     those inside a loop (``loop=True``: the state a token loop carries) or on the arm of a condition whose test reads
-    ``under`` (``"D is not None"``).
+    ``under`` (``"D is not None"``); with ``first=True`` the first one instead, where the forward takes a value it
+    rebinds on another arm later (Zamba's ``recurrent_state``, read from the cache, then ``None`` on an else arm).
     """
 
     name: str
     loop: bool = False
     under: str | None = None
+    first: bool = False
 
     def find(self, source: ForwardSource) -> Operation:
         candidates = _narrowed(source.bindings(self.name), self.under, self.loop)
         if not candidates:
             found = source.bindings(self.name)
             seen = ", ".join(f"line {op.line}" for op in found) or "none"
-            raise NotInForward(
-                f"a binding of `{self.name}`{_where(self.under, self.loop)} in {source.name}; its bindings of "
-                f"`{self.name}`: {seen}"
-            )
-        return candidates[-1]
+            raise NotInForward(f"a {self._which()} in {source.name}; its bindings of `{self.name}`: {seen}")
+        return candidates[0] if self.first else candidates[-1]
+
+    def _which(self) -> str:
+        return f"{'first ' if self.first else ''}binding of `{self.name}`{_where(self.under, self.loop)}"
 
     def __str__(self) -> str:
-        return f"the binding of `{self.name}`{_where(self.under, self.loop)}"
+        return f"the {self._which()}"
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from nnterp import EProperty, Unavailable, needs_torch_kernels
 from nnterp.analysis.mixing import TokenMixing
 from nnterp.components.declaration import ENTERING_STATE, DeclarationMismatch, ForwardLayout, Located, forward_layout
 from nnterp.components.per_call import per_call, pinned, replace_per_call
-from nnterp.forward_source import Binding, Call, ForwardSource, NotInForward, Operation
+from nnterp.forward_source import Binding, Call, ForwardSource, NotInForward
 from nnterp.layouts import ScanQK, ScanState, ScanStates, ScanValues
 from nnterp.order import standard_path
 from nnterp.positions import Positions
@@ -99,26 +99,6 @@ def _channel_first(stacked: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class FirstBinding:
-    """The first binding of a variable: where the forward takes a value it rebinds on another arm later.
-
-    ``recurrent_state`` is bound from the cache first in every release; from
-    transformers 5.23 an else arm binds it ``None`` after that.
-    """
-
-    name: str
-
-    def find(self, source: ForwardSource) -> Operation:
-        found = source.bindings(self.name)
-        if not found:
-            raise NotInForward(f"a binding of `{self.name}` in {source.name}; it binds none")
-        return found[0]
-
-    def __str__(self) -> str:
-        return f"the first binding of `{self.name}`"
-
-
-@dataclass(frozen=True)
 class HeadLoop:
     """Where the forward calls one of the mixer's kernels once per head: the labels of what the mixer reads around
     that loop, in the installed forward."""
@@ -140,7 +120,7 @@ class HeadLoop:
 def _head_loop(
     forward: ForwardSource,
     located: Located,
-    reads: Mapping[str, Binding | Call | FirstBinding],
+    reads: Mapping[str, Binding | Call],
     final_state: Binding | None,
 ) -> HeadLoop:
     """Find, around ``located`` (a kernel call the forward makes once per head), the places ``reads`` names before the
@@ -260,7 +240,7 @@ class ZambaScan(SelectiveScan):
         "A": Binding("A"),
     }
     #: Read with them on a decode step: the cache's state buffer, [batch, heads, head_dim, state_dim].
-    DECODE_READS = {ENTERING_STATE: FirstBinding("recurrent_state")}
+    DECODE_READS = {ENTERING_STATE: Binding("recurrent_state", first=True)}
     #: Read with them on a prompt: whether the scan returns its final state (a cache was passed).
     PROMPT_READS = {"return_last_state": Binding("output_final_state")}
     #: A prompt's stack of the heads' final states, [batch, heads, head_dim, state_dim], which the cache receives.
