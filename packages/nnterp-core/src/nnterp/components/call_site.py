@@ -493,10 +493,13 @@ class CallSite:
         # the token place is one occurrence per token, asked for under tracer.iter's pin to a token: never a span
         if not value.is_operation() or value.name == "state" or declaration_mismatch(self) is not None:
             return False
-        if self.forward_layout().kept is None or not self.segmented():
+        if self.forward_layout().kept is None:
             return False
-        with self.in_segment(self.segments()[0]):
-            return value._location(self).startswith(f"{self.path}.source.")
+        # a place outside this forward's kernel calls (a contribution the block scales) is one place on every call;
+        # asked first, so deciding the segments (which reads the mixer's input) is left to values that need it
+        if not value._location(self).startswith(f"{self.path}.source."):
+            return False
+        return self.segmented()
 
     def read_across_calls(self, value: Any) -> Any:
         """``value`` over the whole call: each segment's piece from its records, joined along the tokens axis.

@@ -401,6 +401,11 @@ class RecurrentMixerSuite(TokenMixingSuite, TraceOrderSuite):
         accepted = inspect.signature(self.model._module.forward).parameters
         return {next(name for name in CACHE_ARGUMENTS if name in accepted): cache, "use_cache": True}
 
+    def prompt_ids(self) -> torch.Tensor:
+        """The prompt's token ids: traced as ids, a multimodal model's cache keyword reaches the model, where with a
+        string its processor takes the keywords and drops the cache."""
+        return self.model.tokenizer(PROMPT, return_tensors="pt").input_ids
+
     def test_a_call_keeping_states_serves_every_value_whole(self) -> None:
         """The prompt's kernel, then the decode kernel once per kept token: every value over all of the prompt's
         tokens, equal to a call that keeps none, read in any order."""
@@ -410,12 +415,13 @@ class RecurrentMixerSuite(TokenMixingSuite, TraceOrderSuite):
         names = [name for name in ACROSS_CALLS if support[f"linear_attn.{name}"] is None]
         plain: list[torch.Tensor] = []
         kept: list[torch.Tensor] = []
-        with self.model.trace(PROMPT):
+        ids = self.prompt_ids()
+        with self.model.trace(ids):
             for layer in layers:
                 plain.extend(getattr(self.mixer(layer), name).save() for name in names)
                 plain.append(self.mixer(layer).token_mixing().save())
             plain.append(self.model.logits.save())
-        with self.model.trace(PROMPT, **cache):
+        with self.model.trace(ids, **cache):
             for layer in layers:
                 mixer = self.mixer(layer)
                 read = {name: getattr(mixer, name).save() for name in reversed(names)}
@@ -431,10 +437,11 @@ class RecurrentMixerSuite(TokenMixingSuite, TraceOrderSuite):
         mixer = self.mixer(self.recurrent_layers()[0])
         plain: list[torch.Tensor] = []
         kept: list[torch.Tensor] = []
+        ids = self.prompt_ids()
         with self.per_token_states():
-            with self.model.trace(PROMPT):
+            with self.model.trace(ids):
                 plain.extend((mixer.states.save(), mixer.state_output.save()))
-            with self.model.trace(PROMPT, **cache):
+            with self.model.trace(ids, **cache):
                 kept.extend((mixer.states.save(), mixer.state_after(-1).save(), mixer.state_output.save()))
                 with raises(OrderError, "keeps the states of its last"):
                     mixer.attention_keys = mixer.attention_keys * 0
@@ -450,7 +457,7 @@ class RecurrentMixerSuite(TokenMixingSuite, TraceOrderSuite):
         cache = self.kept_cache()
         layer = self.recurrent_layers()[0]
         mixer = self.mixer(layer)
-        ids = self.model.tokenizer(PROMPT, return_tensors="pt").input_ids
+        ids = self.prompt_ids()
         read: list[torch.Tensor] = []
         with self.model.trace(ids, **cache):
             read.append(mixer.state_output.save())
