@@ -213,7 +213,7 @@ class ForwardSource:
     @classmethod
     def of(cls, function: Callable) -> "ForwardSource":
         """The source of ``function`` under its decorators (cached per function)."""
-        return _read(decorator_chain(function)[0])
+        return _read(_peeled(function))
 
     @property
     def name(self) -> str:
@@ -296,6 +296,12 @@ class ForwardSource:
     def find(self, spec: "Binding | Call") -> Operation:
         """The one operation ``spec`` names, or :class:`NotInForward` saying what was expected and found."""
         return spec.find(self)
+
+
+@functools.cache
+def _peeled(function: Callable) -> Callable:
+    # peeling reads each decorator's source; a value's place is resolved at every read of it, on every trace
+    return decorator_chain(function)[0]
 
 
 @functools.cache

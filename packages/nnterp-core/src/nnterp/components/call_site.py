@@ -138,9 +138,16 @@ def live_bindings(module_class: type, located: Located) -> list[tuple[str, Any]]
     return bound
 
 
+#: Each instrumented forward's innermost function: peeling its decorators reads their source, and every read of a
+#: value asks (through ``bound_kernel``) on every trace.
+_INNERMOST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def compiled_globals(body: Callable) -> dict:
     """The globals nnsight compiled an instrumented forward over: its innermost function's, under the decorators."""
-    innermost, _ = decorator_chain(body)
+    innermost = _INNERMOST.get(body)
+    if innermost is None:
+        innermost = _INNERMOST[body] = decorator_chain(body)[0]
     return innermost.__globals__
 
 
