@@ -1,40 +1,12 @@
 """BERT and the families that copy its block: post-norm (BERT's own), pre-norm, and the attention before the shared interface."""
 
-import functools
 from operator import attrgetter
 
-import pytest
 import torch
-import transformers
-from packaging.version import Version
 
 from nnterp import POST_NORM_ATTENTION, POST_NORM_MLP
 from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close
 from nnterp_attention.testing import AlibiAttentionSuite
-
-#: Before 5.20, RemBERT, BigBird and Megatron-BERT build a bidirectional mask even when configured as decoders.
-BIDIRECTIONAL = Version(transformers.__version__) < Version("5.20")
-
-
-def causal_only(test):
-    """``test``, skipped where transformers makes the model attend both ways."""
-
-    @functools.wraps(test)
-    def run(self) -> None:
-        if BIDIRECTIONAL:
-            pytest.skip(f"transformers {transformers.__version__} masks this model bidirectionally despite is_decoder")
-        test(self)
-
-    return run
-
-
-class AttendsBothWaysBefore520:
-    """The attention tests that assume a causal mask, skipped where transformers does not build one."""
-
-    test_pattern_is_softmax_of_scores = causal_only(AttentionSuite.test_pattern_is_softmax_of_scores)
-    test_zero_queries_give_uniform_causal_pattern = causal_only(
-        AlibiAttentionSuite.test_zero_queries_give_uniform_causal_pattern
-    )
 
 
 class PostNormBertChecks:
@@ -133,11 +105,11 @@ class TestXLMRoberta(PostNormBertChecks, LayerSuite, AttentionSuite):
     family = "xlm_roberta"
 
 
-class TestRemBert(AttendsBothWaysBefore520, PostNormBertChecks, LayerSuite, AlibiAttentionSuite):
+class TestRemBert(PostNormBertChecks, LayerSuite, AlibiAttentionSuite):
     family = "rembert"
 
 
-class TestBigBird(AttendsBothWaysBefore520, PostNormBertChecks, LayerSuite, AlibiAttentionSuite):
+class TestBigBird(PostNormBertChecks, LayerSuite, AlibiAttentionSuite):
     family = "big_bird"
 
 
@@ -145,7 +117,7 @@ class TestGit(PostNormBertChecks, LayerSuite, AlibiAttentionSuite):
     family = "git"
 
 
-class TestMegatronBert(AttendsBothWaysBefore520, PreNormBertChecks, LayerSuite, AlibiAttentionSuite):
+class TestMegatronBert(PreNormBertChecks, LayerSuite, AlibiAttentionSuite):
     family = "megatron_bert"
 
 

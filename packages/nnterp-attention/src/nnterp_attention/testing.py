@@ -30,6 +30,7 @@ class AlibiAttentionSuite(AttentionSuite):
 
         So every query's pattern is the softmax of the last query's scores over its own causal keys.
         """
+        self.skip_unless_causal()
         for layer in self.attention_blocks():
             attention = self.model.layers[layer].self_attn
             for name in ("attention_queries", "attention_keys"):

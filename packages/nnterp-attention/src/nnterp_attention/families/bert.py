@@ -32,12 +32,18 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, ClassVar
 
+import transformers
+from packaging.version import Version
 from transformers.models.bert import modeling_bert as MODELING
 
 from nnterp import POST_NORM_ATTENTION, POST_NORM_MLP, EProperty, Layer, Mlp, TupleLayer, unavailable
 from nnterp.layouts import Neurons, Residual
 from nnterp_attention.attention import Attention
 from nnterp_attention.own_arithmetic import OwnArithmeticAttention
+
+#: Before transformers 5.20 RemBERT, BigBird and Megatron-BERT build a bidirectional mask even configured
+#: ``is_decoder=True``: every token attends to later ones, and the suites' causal checks do not apply.
+DECODER_ATTENDS_BOTH_WAYS = Version(transformers.__version__) < Version("5.20")
 
 
 class BertLayer(Layer):

@@ -1,9 +1,6 @@
 """Megatron-BERT: BERT's block with pre-norms (``attention.ln``, ``ln``) and a final norm, its own attention products.
 
 Its block returns the pattern beside the hidden states.
-
-Before transformers 5.20 its model builds a bidirectional mask even configured ``is_decoder=True``: it
-attends to later tokens there.
 """
 
 from transformers.models.megatron_bert import modeling_megatron_bert as MODELING
@@ -17,6 +14,7 @@ class MegatronBertLayer(bert.PreNormBertLayer, TupleLayer):
     MLP_NORM = "ln"
 
 
+ATTENDS_BOTH_WAYS = bert.DECODER_ATTENDS_BOTH_WAYS
 MODEL_TYPES = ("megatron-bert",)
 ENVOYS = bert.envoys_of(MODELING, "MegatronBert", layer=MegatronBertLayer, attention=bert.ClassicBertAttention)
 RENAME = {**bert.RENAME, "bert.encoder.ln": "ln_final"}

@@ -1,13 +1,10 @@
-"""RemBERT: BERT's block, its attention computing its products itself (see ``bert.ClassicBertAttention``).
-
-Before transformers 5.20 its model builds a bidirectional mask even configured ``is_decoder=True``: it
-attends to later tokens there.
-"""
+"""RemBERT: BERT's block, its attention computing its products itself (see ``bert.ClassicBertAttention``)."""
 
 from transformers.models.rembert import modeling_rembert as MODELING
 
 from nnterp_attention.families import bert
 
+ATTENDS_BOTH_WAYS = bert.DECODER_ATTENDS_BOTH_WAYS
 MODEL_TYPES = ("rembert",)
 ENVOYS = bert.envoys_of(MODELING, "RemBert", layer=bert.TupleBertLayer, attention=bert.ClassicBertAttention)
 RENAME = bert.RENAME
