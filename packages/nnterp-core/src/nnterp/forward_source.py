@@ -34,6 +34,7 @@ import copy
 import functools
 import inspect
 import re
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -213,7 +214,7 @@ class ForwardSource:
     @classmethod
     def of(cls, function: Callable) -> "ForwardSource":
         """The source of ``function`` under its decorators (cached per function)."""
-        return _read(_peeled(function))
+        return _read(innermost(function))
 
     @property
     def name(self) -> str:
@@ -298,10 +299,17 @@ class ForwardSource:
         return spec.find(self)
 
 
-@functools.cache
-def _peeled(function: Callable) -> Callable:
-    # peeling reads each decorator's source; a value's place is resolved at every read of it, on every trace
-    return decorator_chain(function)[0]
+#: Each function's innermost one, under its decorators; weak, since instrumented forwards come and go with modules.
+_INNERMOST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def innermost(function: Callable) -> Callable:
+    """``function`` under its decorators (cached: peeling reads each decorator's source, and places are resolved at
+    every read of a value, on every trace)."""
+    found = _INNERMOST.get(function)
+    if found is None:
+        found = _INNERMOST[function] = decorator_chain(function)[0]
+    return found
 
 
 @functools.cache

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from nnsight.intervention.interleaver import Mediator
-from nnsight.intervention.source import STATE, decorator_chain
+from nnsight.intervention.source import STATE
 
 from ..descriptor import BoundArgument, resolve
-from ..forward_source import Call, ForwardSource, callee, hub_kernel_replacing, hub_module_function
+from ..forward_source import Call, ForwardSource, callee, hub_kernel_replacing, hub_module_function, innermost
 from ..order import OrderError, standard_path
 from .declaration import (
     ENTERING_STATE,
@@ -138,17 +138,9 @@ def live_bindings(module_class: type, located: Located) -> list[tuple[str, Any]]
     return bound
 
 
-#: Each instrumented forward's innermost function: peeling its decorators reads their source, and every read of a
-#: value asks (through ``bound_kernel``) on every trace.
-_INNERMOST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def compiled_globals(body: Callable) -> dict:
     """The globals nnsight compiled an instrumented forward over: its innermost function's, under the decorators."""
-    innermost = _INNERMOST.get(body)
-    if innermost is None:
-        innermost = _INNERMOST[body] = decorator_chain(body)[0]
-    return innermost.__globals__
+    return innermost(body).__globals__
 
 
 def expose(module: torch.nn.Module, layout: ForwardLayout) -> None:
