@@ -1,5 +1,7 @@
 """The generic family: model types no plugin names, served from the layout read off their blocks' forward."""
 
+import io
+
 import pytest
 import torch
 from torch import nn
@@ -323,3 +325,38 @@ def test_the_plugins_command_says_which_plugin_builds_generic_families():
     out = io.StringIO()
     assert cli.plugins(out) == 0
     assert "attention also serves, with a generic family, a model type no family names" in out.getvalue()
+
+
+def test_a_model_with_a_conv_block_is_refused_though_its_attention_blocks_alone_are_recognized():
+    """LFM2's tiny config builds its conv blocks too, so the generic family no longer claims the whole model."""
+    import copy
+
+    config = tiny_config_of("lfm2")
+    refused = generic_family(config)
+    assert isinstance(refused, Unrecognized) and "Lfm2ShortConv" in str(refused)
+    attention_only = copy.deepcopy(config)
+    attention_only.layer_types = ["full_attention"] * config.num_hidden_layers
+    assert not isinstance(generic_family(attention_only), Unrecognized)
+
+
+def test_the_census_says_which_kinds_of_a_partly_served_type_are_served(monkeypatch):
+    """With no family naming LFM2, its attention layers are served and its conv layers are not: partly served."""
+    from nnterp import census, cli
+
+    real_family_for = nnterp.REGISTRY.family_for
+
+    def unnamed(model_type, config=None):
+        if model_type == "lfm2":
+            family = generic_family(config)
+            if isinstance(family, Unrecognized):
+                raise UnknownModelType("no family names lfm2", reasons=(str(family),))
+            return family
+        return real_family_for(model_type, config)
+
+    monkeypatch.setattr(nnterp.REGISTRY, "family_for", unnamed)
+    assert census.served_kinds("lfm2") == ("full_attention",)
+    monkeypatch.setattr(census, "causal_lm_types", lambda: ["lfm2"])
+    out = io.StringIO()
+    assert cli.coverage(out, as_json=False, run_checks=None) == 0
+    line = out.getvalue().splitlines()[0]
+    assert "partly served: its full_attention layers are" in line and "Lfm2ShortConv" in line

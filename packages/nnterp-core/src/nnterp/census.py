@@ -43,6 +43,9 @@ class Coverage:
     generic: str | None = None
     #: Why no family serves it; ``None`` when one does.
     reason: str | None = None
+    #: For a type no family serves whole, the kinds of layer a family serves alone (``layer_types`` entries): the
+    #: model is partly served, and ``reason`` says what the other kinds lack.
+    partly: tuple[str, ...] = ()
 
     @property
     def served(self) -> bool:
@@ -88,12 +91,42 @@ def coverage() -> list[Coverage]:
         try:
             family = serving(model_type, config)
         except UnknownModelType as error:
-            rows.append(Coverage(model_type, None, None, kernels, reason=why_not(error, config)))
+            partly = served_kinds(model_type) if config is not None else ()
+            rows.append(Coverage(model_type, None, None, kernels, reason=why_not(error, config), partly=partly))
             continue
         generic = getattr(family, "GENERIC", None)
         plugin = generic_plugin if generic else plugin_of.get(id(family))
         rows.append(Coverage(model_type, family_name(family), plugin, kernels, generic=generic))
     return rows
+
+
+def served_kinds(model_type: str) -> tuple[str, ...]:
+    """The kinds of layer in ``model_type``'s per-layer list that a family would serve in a model of that kind alone.
+
+    A model is served only when every kind of layer its config can produce is
+    (its tiny config has one of each, :func:`~nnterp.testing.shrink.tiny_overrides`);
+    this names the part a family does serve, for a census line that says what is missing.
+    """
+    from transformers import AutoConfig
+
+    from .testing.models import TOKEN_IDS
+    from .testing.shrink import PER_LAYER_KINDS, tiny_overrides
+
+    overrides = tiny_overrides(model_type)
+    text = overrides.get("text_config", overrides)
+    name = next((name for name in PER_LAYER_KINDS if name in text), None)
+    kinds = list(dict.fromkeys(text[name])) if name else []
+    if len(kinds) < 2:
+        return ()
+    served = []
+    for kind in kinds:
+        text[name] = [kind] * len(kinds)
+        try:
+            serving(model_type, AutoConfig.for_model(model_type, **{**TOKEN_IDS, **overrides}))
+        except Exception:
+            continue
+        served.append(kind)
+    return tuple(served)
 
 
 def family_of(model_type: str) -> Any:

@@ -269,6 +269,8 @@ def coverage(out: TextIO, as_json: bool, run_checks: str | None) -> int:
                 where = f"served by {row.plugin}: generic ({row.generic})"
             elif row.served:
                 where = f"served by {row.plugin}: {row.family}"
+            elif row.partly:
+                where = f"partly served: its {', '.join(row.partly)} layers are; not served whole: {row.reason}"
             else:
                 where = f"not served: {row.reason}"
             kernels = f" (recurrent: {', '.join(row.recurrent_kernels)})" if row.recurrent_kernels else ""

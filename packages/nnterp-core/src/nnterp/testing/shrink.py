@@ -8,10 +8,19 @@ that must stay consistent with them. The sizes are the config's own
 attributes, found through its ``attribute_map`` (GPT-2's ``n_embd`` is
 ``hidden_size``), so the result is a dict of the config's own keyword
 arguments.
+
+A tiny config builds a block of every kind the config can produce, not
+only the kinds its default's first layers happen to have: LFM2's default
+lists attention layers only, though its config makes every other layer a
+short convolution (:func:`layer_kinds`). A census that shrank to the first
+two layers would claim a model whose real checkpoints it refuses.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
+import itertools
 from typing import Any
 
 from .models import TOKEN_IDS
@@ -50,6 +59,9 @@ TINY_SIZES: dict[str, Any] = {
 }
 
 
+#: Config attributes listing a kind per layer (or a pattern of kinds the layers cycle through).
+PER_LAYER_KINDS = ("layer_types", "mlp_layer_types", "layers_block_type", "block_types")
+
 #: Sizes set even where the default config holds ``None``, since a model reads them as they are.
 REQUIRED_WHEN_PRESENT = ("head_dim", "num_key_value_heads")
 
@@ -58,8 +70,9 @@ def tiny_overrides(model_type: str) -> dict[str, Any]:
     """Keyword arguments for ``AutoConfig.for_model(model_type, ...)`` that shrink every size the config has.
 
     A size the default config leaves ``None`` stays ``None`` (the model derives
-    it), but for the head width and key/value head count (``REQUIRED_WHEN_PRESENT``); ``layer_types``, where the config lists one per layer, keeps its
-    first ones. A multimodal config's sizes are its text config's, and its
+    it), but for the head width and key/value head count (``REQUIRED_WHEN_PRESENT``). Where the config lists a kind per layer
+    (``PER_LAYER_KINDS``), the tiny model has a layer of every kind it can
+    produce (:func:`layer_kinds`), so it may be deeper than two layers. A multimodal config's sizes are its text config's, and its
     text config takes the local tokenizer's special ids as well.
     """
     from transformers import AutoConfig
@@ -87,10 +100,49 @@ def tiny_overrides(model_type: str) -> dict[str, Any]:
         # Multi-head (and latent) attention stays so: its keys may not be repeatable to grouped heads.
         overrides[kv_heads] = overrides[heads]
     layers = overrides.get(fields["num_hidden_layers"], TINY_SIZES["num_hidden_layers"])
-    for name in ("layer_types", "mlp_layer_types"):
-        kinds = saved.get(name)
-        if isinstance(kinds, (list, tuple)) and len(kinds) > layers:
-            overrides[name] = list(kinds[:layers])
+    kinds = {name: layer_kinds(text, name) for name in PER_LAYER_KINDS if isinstance(saved.get(name), (list, tuple))}
+    if kinds:
+        # every kind at least once, the lists as long as one another, cycling where one has fewer kinds
+        layers = max(layers, *map(len, kinds.values()))
+        for name, listed in kinds.items():
+            overrides[name] = list(itertools.islice(itertools.cycle(listed), layers))
+        if fields["num_hidden_layers"] in saved:
+            overrides[fields["num_hidden_layers"]] = layers
     if text is config:
         return overrides
     return {"text_config": {**text.to_dict(), **TOKEN_IDS, **overrides}}
+
+
+def layer_kinds(config: Any, name: str) -> list[str]:
+    """The kinds of layer ``config``'s per-layer list ``name`` can hold, each once, in the order first met.
+
+    Those its default lists, then the layer kinds transformers knows
+    (``ALLOWED_LAYER_TYPES``) that the configuration module's code assigns
+    to the list: LFM2's writes ``"conv"`` for every layer not in
+    ``full_attn_idxs``, which its default config leaves empty.
+    """
+    listed = [kind for kind in config.to_dict()[name] if isinstance(kind, str)]
+    return list(dict.fromkeys(listed + _assigned_kinds(type(config), name)))
+
+
+def _assigned_kinds(config_class: type, name: str) -> list[str]:
+    from transformers import configuration_utils
+
+    known = getattr(configuration_utils, "ALLOWED_LAYER_TYPES", ())
+    try:
+        tree = ast.parse(inspect.getsource(inspect.getmodule(config_class)))
+    except (OSError, TypeError):
+        return []
+    kinds = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        if any(getattr(target, "attr", getattr(target, "id", None)) == name for target in targets):
+            kinds += [
+                leaf.value for leaf in ast.walk(node.value) if isinstance(leaf, ast.Constant) and leaf.value in known
+            ]
+    return kinds
