@@ -117,6 +117,10 @@ class TestGit(PostNormBertChecks, LayerSuite, AlibiAttentionSuite):
     family = "git"
 
 
+class TestRoFormer(PostNormBertChecks, LayerSuite, AlibiAttentionSuite):
+    family = "roformer"
+
+
 class TestMegatronBert(PreNormBertChecks, LayerSuite, AlibiAttentionSuite):
     family = "megatron_bert"
 

@@ -51,6 +51,7 @@ from .families import (
     roberta,
     roberta_prelayernorm,
     roc_bert,
+    roformer,
     xlm_roberta,
     xlm_roberta_xl,
 )
@@ -71,6 +72,7 @@ def nnterp_families():
         gemma4_text,
         *(bert, bert_generation, camembert, data2vec_text, electra, ernie, roberta, roc_bert, xlm_roberta),
         *(big_bird, git, rembert, megatron_bert, roberta_prelayernorm, xlm_roberta_xl),
+        roformer,
     ]
 
 

@@ -66,6 +66,7 @@ KNOWN_DISTRIBUTIONS = {
             "megatron-bert",
             "roberta-prelayernorm",
             "xlm-roberta-xl",
+            "roformer",
             "llava",
             "llava_next",
             "gemma3",
