@@ -9,7 +9,8 @@ import nnterp
 from nnterp.registry import KNOWN_DISTRIBUTIONS, family_name
 from nnterp.testing import tiny_config
 
-OFFICIAL = ("nnterp-attention", "nnterp-deltanet", "nnterp-mamba", "nnterp-ssd")
+#: The distributions core sends a model type to: every official plugin.
+OFFICIAL = frozenset(KNOWN_DISTRIBUTIONS.values())
 
 
 def official_plugins():

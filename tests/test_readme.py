@@ -37,3 +37,21 @@ def test_readme_examples_print_what_they_say(tmp_path, monkeypatch):
     with contextlib.redirect_stdout(out):
         runpy.run_path(str(script), run_name="readme_examples")
     assert out.getvalue().splitlines() == expected_prints(code)
+
+
+def test_readme_census_tables_are_what_the_census_writes():
+    """The README's census and mixer-kind tables are `nnterp coverage --markdown` on the release it names."""
+    import pytest
+    import transformers
+
+    import nnterp
+    from nnterp.census import coverage, markdown
+    from nnterp.registry import KNOWN_DISTRIBUTIONS
+
+    text = README.read_text()
+    stated = re.search(r"on transformers (\S+) with every official plugin installed", text).group(1)
+    installed = {info.distribution for info in nnterp.REGISTRY.plugins()}
+    if transformers.__version__ != stated or not set(KNOWN_DISTRIBUTIONS.values()) <= installed:
+        pytest.skip(f"the README's census is of transformers {stated} with every official plugin installed")
+    block = re.search(r"<!-- nnterp coverage --markdown -->\n(.*)<!-- /nnterp coverage --markdown -->", text, re.S)
+    assert block.group(1) == markdown(coverage()), "regenerate the README's tables with `nnterp coverage --markdown`"

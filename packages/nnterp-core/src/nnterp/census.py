@@ -14,6 +14,7 @@ model no family serves stands out. ``nnterp coverage`` prints it.
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,98 @@ def why_not(error: UnknownModelType, config: Any) -> str:
     if config is None:
         return "its default config cannot be shrunk to a tiny one to read its layout"
     return "no installed plugin names it or recognizes it"
+
+
+@dataclass(frozen=True)
+class MixerKind:
+    """A kind of recurrent mixer an installed plugin serves: what the README's mixer-kind table lists."""
+
+    #: What the mixer is, in the model's own terms (its envoys' ``KIND``): ``"gated DeltaNet"``.
+    kind: str
+    plugin: str
+    #: The envoy classes of this kind, and the families whose models have one.
+    envoys: tuple[str, ...]
+    families: tuple[str, ...]
+    #: The standard values it serves beyond those every recurrent mixer shares.
+    values: tuple[str, ...]
+    #: What ``token_mixing`` reconstructs (its envoys' ``TOKEN_MIXING``).
+    token_mixing: str
+
+
+def mixer_kinds() -> list[MixerKind]:
+    """Every kind of recurrent mixer the installed plugins' families wrap, with the values it serves."""
+    from .components.recurrent import RecurrentMixer
+    from .descriptor import EProperty
+
+    shared = {name for name, value in vars(RecurrentMixer).items() if isinstance(value, EProperty)}
+    found: dict[tuple[str, str], dict[str, set]] = {}
+    for info in REGISTRY.plugins():
+        for family in info.families:
+            for envoy in getattr(family, "ENVOYS", {}).values():
+                if not (isinstance(envoy, type) and issubclass(envoy, RecurrentMixer)):
+                    continue
+                kind = found.setdefault((envoy.KIND, info.name), {"envoys": set(), "families": set(), "values": set()})
+                kind["envoys"].add(envoy.__name__)
+                kind["families"].add(family_name(family))
+                kind["values"] |= {
+                    name
+                    for cls in envoy.__mro__[: envoy.__mro__.index(RecurrentMixer)]
+                    for name, value in vars(cls).items()
+                    if isinstance(value, EProperty) and not isinstance(value.unavailable, str) and name not in shared
+                }
+                kind["token_mixing"] = {envoy.TOKEN_MIXING}
+    return sorted(
+        (
+            MixerKind(
+                kind,
+                plugin,
+                *(tuple(sorted(held[part])) for part in ("envoys", "families", "values")),
+                *held["token_mixing"],
+            )
+            for (kind, plugin), held in found.items()
+        ),
+        key=lambda kind: (kind.plugin, kind.kind),
+    )
+
+
+def reason_kind(reason: str) -> str:
+    """A census reason's kind, for grouping: its first clause without the names and counts of the one model."""
+    clause = re.split(r"[:;]", reason, maxsplit=1)[0]
+    clause = re.sub(r", \w+ \(\w+\),", "", clause)
+    clause = re.sub(r", of type '[^']*',", ",", clause)
+    return re.sub(r" (\d+|None) ", " ", clause)
+
+
+def markdown(rows: list[Coverage]) -> str:
+    """The README's census tables, from ``coverage()`` and ``mixer_kinds()``: types by status, then mixer kinds."""
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        if row.generic:
+            status = "served by the generic family"
+        elif row.served:
+            status = "served by a named family"
+        elif row.partly:
+            status = f"partly served: {reason_kind(row.reason)}"
+        else:
+            status = f"not served: {reason_kind(row.reason)}"
+        groups.setdefault(status, []).append(row.model_type)
+    lines = ["| | count | model types |", "|---|---|---|"]
+    order = sorted(groups, key=lambda status: (not status.startswith("served"), status))
+    lines += [f"| {status} | {len(groups[status])} | {', '.join(sorted(groups[status]))} |" for status in order]
+    recurrent = [row for row in rows if row.recurrent_kernels]
+    lines += [
+        "",
+        f"{sum(row.served for row in rows)} of {len(rows)} causal-LM model types served, "
+        f"{sum(bool(row.generic) for row in rows)} of them by the generic family; "
+        f"{sum(row.served for row in recurrent)} of the {len(recurrent)} with a recurrent hub kernel.",
+        "",
+        "| mixer kind | plugin | envoys | families | its own values | token_mixing |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {kind.kind} | {kind.plugin} | {', '.join(f'`{envoy}`' for envoy in kind.envoys)} | "
+        f"{', '.join(kind.families)} | "
+        f"{', '.join(f'`{value}`' for value in kind.values)} | {kind.token_mixing} |"
+        for kind in mixer_kinds()
+    ]
+    return "\n".join(lines) + "\n"

@@ -4,7 +4,7 @@ nnterp plugins              every plugin, its distribution, families and model t
 nnterp support [MODEL]      the support table of MODEL (hub id or directory), or of every family's tiny model
 nnterp check [--json] [FAMILY ...]
                             the conformance suites on each family's tiny model; exits 1 on any failure
-nnterp coverage [--json] [--check [generic]]
+nnterp coverage [--json | --markdown] [--check [generic]]
                             which of the installed transformers' causal LMs a family serves, and the recurrent
                             ones none does; --check runs the suites of the families that serve them,
                             --check generic only those of the types a generic family serves
@@ -249,12 +249,13 @@ def transformers_version() -> str:
     return transformers.__version__
 
 
-def coverage(out: TextIO, as_json: bool, run_checks: str | None) -> int:
-    """Print the census, a line per causal-LM model type and a summary; with ``run_checks``, then check every
+def coverage(out: TextIO, as_json: bool, run_checks: str | None, as_markdown: bool = False) -> int:
+    """Print the census, a line per causal-LM model type and a summary (``as_markdown``: the README's tables, the
+    types by status and the recurrent mixer kinds); with ``run_checks``, then check every
     family serving one on its tiny model (exit 1 on a failure): ``"all"``, named or generic, or ``"generic"``, only
     the generic families, where a named family's suites already run in its package's tests (as in CI)."""
     from .census import coverage as census
-    from .census import family_of
+    from .census import family_of, markdown
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a plugin that fails to import is reported by `nnterp plugins`
@@ -262,6 +263,8 @@ def coverage(out: TextIO, as_json: bool, run_checks: str | None) -> int:
     if as_json:
         json.dump([dataclasses.asdict(row) | {"served": row.served} for row in rows], out, indent=1)
         out.write("\n")
+    elif as_markdown:
+        out.write(markdown(rows))
     else:
         width = max(len(row.model_type) for row in rows)
         for row in rows:
@@ -313,7 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     coverage_parser = commands.add_parser(
         "coverage", help="which causal LMs of the installed transformers a family serves, offline"
     )
-    coverage_parser.add_argument("--json", action="store_true", help="one object per model type, for machines")
+    coverage_format = coverage_parser.add_mutually_exclusive_group()
+    coverage_format.add_argument("--json", action="store_true", help="one object per model type, for machines")
+    coverage_format.add_argument(
+        "--markdown", action="store_true", help="the README's tables: the types by status, the recurrent mixer kinds"
+    )
     coverage_parser.add_argument(
         "--check",
         nargs="?",
@@ -328,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "support":
             return support(sys.stdout, args.model)
         if args.command == "coverage":
-            return coverage(sys.stdout, args.json, args.check)
+            return coverage(sys.stdout, args.json, args.check, args.markdown)
         return check(sys.stdout, args.families, args.json)
     except (PluginError, ValueError) as error:
         print(f"nnterp {args.command}: {error}", file=sys.stderr)

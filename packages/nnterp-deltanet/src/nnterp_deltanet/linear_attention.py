@@ -233,6 +233,7 @@ class KimiDeltaAttention(LinearAttention):
 
     PROMPT = KernelCall("chunk_kimi_delta_attention", "initial_state", TOKEN_STATE)
     DECODE = KernelCall("recurrent_kimi_delta_attention", "initial_state", TOKEN_STATE)
+    KIND = "KDA (Kimi delta attention)"
 
     @property
     def mixer_heads(self) -> int:

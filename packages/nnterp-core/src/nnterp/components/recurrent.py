@@ -102,6 +102,9 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
     PER_TOKEN: PerToken
     #: The layout axis ``token_mixing`` has a row per: the state's heads, or Mamba-1's channels.
     MIXING_HEADS: str = MIXER_HEADS
+    #: What ``token_mixing`` with ``mixing_offset`` reconstructs: the head outputs ("exact"), or, where a normalizer
+    #: divides them by a function of the values, the part before it, named.
+    TOKEN_MIXING: str = "exact"
 
     # -- what the mixer adds -----------------------------------------------------
 
