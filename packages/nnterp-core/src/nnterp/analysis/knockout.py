@@ -35,7 +35,8 @@ def knock_out(model: Any, positions: Sequence[int] | torch.Tensor, layers: Itera
     """Inside a trace: in row ``b`` of the batch, remove token ``positions[b]`` from what later tokens read.
 
     Zeroes that token's key at each chosen block's recurrent mixer
-    (``attention_keys``) and masks the later queries' scores on it in its
+    (``attention_keys``; a mixer kind whose zero key still writes says how
+    it removes a token: ``RecurrentMixer.knock_out``) and masks the later queries' scores on it in its
     attention (``attention_scores``); see the module's docstring for what that
     removes. ``positions`` has one entry per row of the traced batch (repeat a
     prompt to knock out several tokens of it at once), each a position of the
@@ -55,8 +56,9 @@ def knock_out(model: Any, positions: Sequence[int] | torch.Tensor, layers: Itera
         if block.recurrent is not None and not block.recurrent.decoding():
             keys = block.recurrent.attention_keys
             _check_rows(chosen, keys, "attention_keys", block.layer)
-            knocked = torch.arange(keys.shape[1], device=keys.device) == chosen.to(keys.device)[:, None]
-            block.recurrent.attention_keys = keys.masked_fill(knocked.view(*knocked.shape, *[1] * (keys.dim() - 2)), 0)
+            block.recurrent.knock_out(
+                torch.arange(keys.shape[1], device=keys.device) == chosen.to(keys.device)[:, None]
+            )
         if block.attention is not None:
             scores = block.attention.attention_scores
             _check_rows(chosen, scores, "attention_scores", block.layer)

@@ -211,6 +211,19 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         """The family's math: the states after ``positions`` of this call, from its arguments (see ``trajectory``)."""
         raise NotImplementedError(f"{type(self).__name__} declares no states_from_arguments")
 
+    def knock_out(self, knocked: torch.Tensor) -> None:
+        """Take the tokens ``knocked`` marks, [batch, seq] booleans, out of what this call's later tokens read.
+
+        A token reaches later ones only through what it writes into the state,
+        and it writes with its key (the delta rule's ``beta k v^T`` and key
+        removal, Mamba's ``dt B x``): zeroing its key removes the write and
+        nothing before it. A kind whose zero key still writes (an exponential
+        of the key) overrides this. Inside a trace, on a prompt's call;
+        ``nnterp.analysis.knock_out`` calls it.
+        """
+        keys = self.attention_keys
+        self.attention_keys = keys.masked_fill(knocked.view(*knocked.shape, *[1] * (keys.dim() - 2)), 0)
+
     def token_mixing(self, positions: Positions = None, heads: Heads = None) -> Mixing:
         """The exact token-to-token matrix of this call: how each output row mixes the call's values, [batch, heads, rows, seq].
 
