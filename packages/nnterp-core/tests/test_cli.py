@@ -179,14 +179,20 @@ def test_coverage_command_prints_a_line_per_type_and_a_summary_that_adds_up(core
     )
     for line, row in zip(lines, rows, strict=True):
         assert ("generic (" in line) == bool(row.generic), line
-        assert line.split(None, 1)[1].startswith("not served: ") == (not row.served), line
+        assert line.split(None, 1)[1].startswith(("not served: ", "partly served: ")) == (not row.served), line
+        assert line.split(None, 1)[1].startswith("partly served: ") == bool(row.partly), line
     flagged = {line.split()[0] for line in lines if "NO FAMILY SERVES ITS RECURRENT KERNEL" in line}
     assert flagged == {row.model_type for row in recurrent if not row.served}
 
     out = io.StringIO()
     assert cli.coverage(out, as_json=True, run_checks=None) == 0
     assert json.loads(out.getvalue()) == [
-        {**dataclasses.asdict(row), "recurrent_kernels": list(row.recurrent_kernels), "served": row.served}
+        {
+            **dataclasses.asdict(row),
+            "recurrent_kernels": list(row.recurrent_kernels),
+            "partly": list(row.partly),
+            "served": row.served,
+        }
         for row in rows
     ]
 

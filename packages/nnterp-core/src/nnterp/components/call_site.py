@@ -198,7 +198,7 @@ def needs_kernel_call(envoy: "RecurrentMixer") -> str | None:
     makes them was replaced by a hub kernel, which makes none.
     """
     reason = declaration_mismatch(envoy)
-    if reason is not None:
+    if reason is not None or not type(envoy).calls():
         return reason
     for located in envoy.forward_layout().calls():
         for helper, bound in live_bindings(type(envoy._module), located)[:-1]:
@@ -332,6 +332,23 @@ class CallSite:
         longer holds them; the declaration is then a mismatch, reported like one of its kernel calls. By default
         there is nothing more to check.
         """
+
+    @classmethod
+    def forward_mismatch(cls, module_class: type) -> str | None:
+        """Why ``module_class``'s installed forward does not make the calls this kind reads its values at, or ``None``.
+
+        The sentence ``nnterp check`` reports as "forward changed", and every
+        value that depends on the calls gives as its reason: by default, the
+        declared kernel calls are not where :func:`~.declaration.forward_layout`
+        looks. A kind read at places of its own forward, calling no kernel
+        function (MiniMax's lightning attention, xLSTM's backend module),
+        says what it looks for instead (:func:`~.declaration.mismatch_message`).
+        """
+        try:
+            forward_layout(cls, module_class)
+        except DeclarationMismatch as error:
+            return str(error)
+        return None
 
     @classmethod
     def calls(cls) -> tuple[KernelCall, KernelCall]:

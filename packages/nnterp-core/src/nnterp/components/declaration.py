@@ -215,7 +215,13 @@ def _find_layout(mixer: type["RecurrentMixer"], module_class: type) -> ForwardLa
 
 
 def kernel_function(module_class: type, located: Located) -> Any:
-    """What the name a call calls is bound to in the modeling module now (routed, or as imported)."""
+    """What the name a call calls is bound to in the modeling module now (routed, or as imported).
+
+    A kernel the forward calls as a method, ``self.<name>`` (RG-LRU's ``self._rnn_scan``), is the function the
+    module's class binds to that name.
+    """
+    if located.names[-1].startswith("self."):
+        return getattr(module_class, located.names[-1].removeprefix("self."), None)
     namespace = vars(modeling_module(module_class))
     for name in located.names[:-1]:
         namespace = callee(namespace[name]).function.__globals__
@@ -250,14 +256,18 @@ def _check_kernel(mixer: type["RecurrentMixer"], module_class: type, located: Lo
         call.token_state.find(body)
 
 
-def mismatch_message(mixer: type["RecurrentMixer"], module_class: type, detail: str) -> str:
-    """The sentence a declaration that does not match the installed forward gives: family, version, expected, found."""
+def mismatch_message(mixer: type["RecurrentMixer"], module_class: type, detail: str, reads: str | None = None) -> str:
+    """The sentence a declaration that does not match the installed forward gives: family, version, expected, found.
+
+    ``reads`` says what the mixer reads its values at, for a kind read at places of its own forward rather than at
+    kernel calls: ``"reads the mLSTM at the layer's calls of its backend, norm and output gate"``.
+    """
     family = family_of(module_class)
     named = f"the {family} family" if family else f"{mixer.__name__}"
+    reads = reads or f"declares {mixer.__name__}'s kernel calls"
     return (
-        f"{module_class.__name__}'s forward changed in transformers {transformers.__version__}: {named} declares "
-        f"{mixer.__name__}'s kernel calls, and expected {detail}. {named[0].upper()}{named[1:]} needs an update for "
-        f"transformers {transformers.__version__}"
+        f"{module_class.__name__}'s forward changed in transformers {transformers.__version__}: {named} {reads}, and "
+        f"expected {detail}. {named[0].upper()}{named[1:]} needs an update for transformers {transformers.__version__}"
     )
 
 
@@ -273,11 +283,7 @@ def family_of(module_class: type) -> str | None:
 
 def declaration_mismatch(envoy: "RecurrentMixer") -> str | None:
     """Why ``envoy``'s declaration does not describe its module's installed forward, or ``None`` when it does."""
-    try:
-        forward_layout(type(envoy), type(envoy._module))
-    except DeclarationMismatch as error:
-        return str(error)
-    return None
+    return type(envoy).forward_mismatch(type(envoy._module))
 
 
 def forward_changes(family: ModuleType) -> list[str]:
@@ -291,8 +297,6 @@ def forward_changes(family: ModuleType) -> list[str]:
     changes = []
     for module_class, envoy in getattr(family, "ENVOYS", {}).items():
         if isinstance(module_class, type) and isinstance(envoy, type) and issubclass(envoy, RecurrentMixer):
-            try:
-                forward_layout(envoy, module_class)
-            except DeclarationMismatch as error:
-                changes.append(str(error))
+            change = envoy.forward_mismatch(module_class)
+            changes += [change] if change is not None else []
     return changes

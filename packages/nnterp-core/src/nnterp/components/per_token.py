@@ -13,6 +13,9 @@ which in ``RecurrentMixer.PER_TOKEN``:
 - :class:`ChunkBoundaries` (Mamba-2): the prompt's kernel binds every chunk
   boundary's state in one tensor; with a chunk size of 1, a per-model switch
   (:meth:`ChunkBoundaries.enable`), every token is a boundary.
+- :data:`ALWAYS` (RG-LRU, short convolution, lightning attention, mLSTM):
+  nothing to switch on: the plain-torch forward binds the state after every
+  token on every call, or the kind computes it exactly from the call's values.
 
 ``route_kernels`` reads the strategy for what to bind, ``states`` for why it is
 unavailable, and the test kit and the benchmarks for how to turn it on.
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..forward_source import callee
-from .call_site import bound_kernel, needs_torch_kernels
+from .call_site import bound_kernel, needs_kernel_call, needs_torch_kernels
 from .declaration import KernelCall, kernel_function
 
 if TYPE_CHECKING:
@@ -177,3 +180,17 @@ SCAN_LOOP = ScanLoop()
 def needs_recurrent_routing(envoy: "RecurrentMixer") -> str | None:
     """Why the state after each token is unavailable on ``envoy``, or ``None``: its kind's ``PER_TOKEN`` says."""
     return type(envoy).PER_TOKEN.reason(envoy)
+
+
+class Always(PerToken):
+    """The state after every token needs no routing and no switch: available whenever the forward makes its calls."""
+
+    routed = False
+    hint = ""
+
+    def reason(self, envoy: "RecurrentMixer") -> str | None:
+        return needs_kernel_call(envoy)
+
+
+#: A kind whose per-token states need nothing switched on (see the module's docstring).
+ALWAYS = Always()
