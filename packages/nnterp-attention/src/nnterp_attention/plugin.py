@@ -13,6 +13,7 @@ from .families import (
     data2vec_text,
     dbrx,
     deepseek_v3,
+    doge,
     electra,
     ernie,
     falcon,
@@ -22,6 +23,7 @@ from .families import (
     gemma4_text,
     git,
     gpt2,
+    gpt_neo,
     gpt_neox,
     gpt_oss,
     granitemoe,
@@ -39,6 +41,8 @@ from .families import (
     mpt,
     olmo2,
     olmoe,
+    openai_gpt,
+    opt,
     phi3,
     qwen2,
     qwen2_5_vl,
@@ -73,6 +77,10 @@ def nnterp_families():
         *(bert, bert_generation, camembert, data2vec_text, electra, ernie, roberta, roc_bert, xlm_roberta),
         *(big_bird, git, rembert, megatron_bert, roberta_prelayernorm, xlm_roberta_xl),
         roformer,
+        opt,
+        gpt_neo,
+        openai_gpt,
+        doge,
     ]
 
 

@@ -78,6 +78,10 @@ KNOWN_DISTRIBUTIONS = {
             "qwen2_5_vl_text",
             "qwen3_vl",
             "qwen3_vl_text",
+            "opt",
+            "gpt_neo",
+            "openai-gpt",
+            "doge",
         ),
         "nnterp-attention",
     ),
@@ -101,6 +105,11 @@ KNOWN_DISTRIBUTIONS = {
     ),
     **dict.fromkeys(("mamba", "falcon_mamba", "jamba", "zamba"), "nnterp-mamba"),
     **dict.fromkeys(("mamba2", "nemotron_h", "bamba", "falcon_h1", "zamba2", "granitemoehybrid"), "nnterp-ssd"),
+    "rwkv": "nnterp-rwkv",
+    "recurrent_gemma": "nnterp-rglru",
+    "xlstm": "nnterp-xlstm",
+    **dict.fromkeys(("lfm2", "lfm2_moe", "lfm3"), "nnterp-shortconv"),
+    "minimax": "nnterp-lightning",
 }
 
 
