@@ -1,0 +1,1 @@
+"""The gated short-convolution families, one module per model type."""
