@@ -28,11 +28,13 @@ class ScaledResidual:
         """Loaded under eager, as the suites build it: before 5.25 Doge's sdpa path computes other logits than eager."""
         return StandardizedTransformer(directory, attn_implementation="eager", **cls.load)
 
-    def stream_after(self, layer: int, entering: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+    def stream_after(
+        self, layer: int, entering: torch.Tensor, parts: list[torch.Tensor], first: int = 0
+    ) -> torch.Tensor:
         """The stream after each addition, the residual scaled first: ``scale * stream + part``."""
         block = self.model.layers[layer]._module
         stream = entering
-        for part, name in zip(parts, RESIDUAL_SCALES, strict=False):
+        for part, name in zip(parts, RESIDUAL_SCALES[first:], strict=False):
             stream = getattr(block, name).detach() * stream + part
         return stream
 

@@ -96,7 +96,7 @@ class GenericLayer(Layer):
         """What the attention is called with: its pre-norm's output, [batch, seq, hidden_size]. Assign or edit in place."""
         return value
 
-    @EProperty(_layer_mid, unavailable=lambda layer: PARALLEL if layer.LAYOUT.parallel else None)
+    @EProperty(_layer_mid, unavailable=lambda layer: PARALLEL if layer.LAYOUT.parallel else None, shared=True)
     def layer_mid(self, value: Any) -> Residual:
         """The residual stream between the two sublayers, [batch, seq, hidden_size].
 

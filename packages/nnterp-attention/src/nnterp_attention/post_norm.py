@@ -41,7 +41,7 @@ class SandwichLayer(Layer):
     the sublayers is what it is called with.
     """
 
-    @EProperty("pre_feedforward_layernorm.input")
+    @EProperty("pre_feedforward_layernorm.input", shared=True)
     def layer_mid(self, value: Any) -> Residual:
         """The residual stream between the two sublayers, [batch, seq, hidden_size]: the MLP's pre-norm's input.
 
@@ -61,7 +61,7 @@ class PostNormLayer(Layer):
     attention_norm_output = unavailable(POST_NORM_ATTENTION)
     mlp_norm_output = unavailable(POST_NORM_MLP)
 
-    @EProperty("mlp.input")
+    @EProperty("mlp.input", shared=True)
     def layer_mid(self, value: Any) -> Residual:
         """The residual stream between the two sublayers, [batch, seq, hidden_size]: what the MLP is called with.
 

@@ -134,6 +134,9 @@ class EProperty(eproperty):
             keyword name or :class:`ArgumentSelection` on an ``inputs`` path, a
             tuple index on ``output``; or a function of the envoy returning one. Without it an ``output`` path
             serves the first element of a tuple and ``input`` the first argument.
+        shared: The forward holds the value's tensor in more than one variable (a pre-norm block's stream is both
+            the MLP norm's input and the residual its output is added to), so an assignment is copied into that
+            tensor, reaching every holder, rather than replacing it at the one place the value is read.
 
     Decorate a function to define the value: it receives the served element and
     returns what the user reads (the identity for most values), and its return
@@ -155,11 +158,13 @@ class EProperty(eproperty):
         description: str | None = None,
         unavailable: Reason = None,
         select: Select = None,
+        shared: bool = False,
     ) -> None:
         super().__init__(key=None, description=description)
         self.path = key
         self.unavailable = unavailable
         self.select = select
+        self.shared = shared
         self._define: Callable | None = None
         self._layout: Any = None
 
@@ -340,6 +345,10 @@ class EProperty(eproperty):
             else:
                 self.check_layout(obj, current.new_empty(split.whole_shape(current), device="meta"), value)
                 value = split.piece(value)
+            if self.shared and split is None and isinstance(current, torch.Tensor):
+                current.copy_(value)
+                record_order(obj, self.name, written=True)
+                return
             if self._postprocess is not None:
                 value = self._postprocess(obj, value)
             value = self._whole(obj, pick(self._attribute(obj), self._element(obj), raw), value)

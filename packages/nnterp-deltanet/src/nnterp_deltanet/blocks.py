@@ -135,7 +135,7 @@ class StreamsLayer(ManyStreams, HybridLayer):
         """
         return value
 
-    @EProperty("mlp_hyper_connection.input")
+    @EProperty("mlp_hyper_connection.input", shared=True)
     def layer_mid(self, value: Any) -> Streams:
         """The residual streams between the two sublayers, [batch, seq, streams, hidden_size].
 

@@ -47,7 +47,7 @@ def normed_residual(envoy: Any) -> str | None:
 
 
 class BloomLayer(TupleLayer):
-    @EProperty("post_attention_layernorm.input", unavailable=normed_residual)
+    @EProperty("post_attention_layernorm.input", unavailable=normed_residual, shared=True)
     def layer_mid(self, value: Any) -> Residual:
         """The residual stream between the two sublayers, [batch, seq, hidden_size]: the attention's output.
 

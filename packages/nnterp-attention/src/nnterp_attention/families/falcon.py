@@ -102,7 +102,7 @@ def parallel(layer: TupleLayer) -> str | None:
 
 
 class FalconLayer(TupleLayer):
-    @EProperty("post_attention_layernorm.input", unavailable=parallel)
+    @EProperty("post_attention_layernorm.input", unavailable=parallel, shared=True)
     def layer_mid(self, value: Any) -> Residual:
         """The residual stream between the two sublayers of a sequential block (Falcon-RW's), [batch, seq, hidden_size].
 

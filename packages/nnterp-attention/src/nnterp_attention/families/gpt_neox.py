@@ -30,7 +30,7 @@ def parallel(layer: Layer) -> str | None:
 
 
 class GPTNeoXLayer(Layer):
-    @EProperty("post_attention_layernorm.input", unavailable=parallel)
+    @EProperty("post_attention_layernorm.input", unavailable=parallel, shared=True)
     def layer_mid(self, value: Any) -> Residual:
         """The residual stream between the two sublayers of a sequential block, [batch, seq, hidden_size].
 

@@ -63,13 +63,14 @@ class Layer(Standard):
         """
         return value
 
-    @EProperty("post_attention_layernorm.input")
+    @EProperty("post_attention_layernorm.input", shared=True)
     def layer_mid(self, value: Any) -> Residual:
         """The residual stream between the two sublayers, [batch, seq, hidden_size].
 
         ``layer_input + attention_output`` on a pre-norm block, read as what the
         MLP's pre-norm is called with. A parallel block has no such stream.
-        Assign or edit in place.
+        Assign or edit in place: either reaches the MLP's norm and the residual
+        the MLP's output is added to, which the forward holds as the same tensor.
         """
         return value
 

@@ -92,7 +92,7 @@ class HyperConnectionLayer(ManyStreams, Layer):
         """
         return value
 
-    @EProperty("ffn_hc.input")
+    @EProperty("ffn_hc.input", shared=True)
     def layer_mid(self, value: Any) -> Streams:
         """The residual streams between the two sublayers, [batch, seq, streams, hidden_size]. Assign or edit in place."""
         return value

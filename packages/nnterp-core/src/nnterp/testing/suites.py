@@ -129,10 +129,15 @@ class LayerSuite(Suite):
             total = self.stream_after(i, inputs[i], parts[i])
             close(total, outputs[i], what=f"layers[{i}]: layer_input + {plan[i]} vs layer_output")
 
-    def stream_after(self, layer: int, entering: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
-        """The residual stream after adding ``parts`` to ``entering`` in order, each sum normalized where the block does."""
+    def stream_after(
+        self, layer: int, entering: torch.Tensor, parts: list[torch.Tensor], first: int = 0
+    ) -> torch.Tensor:
+        """The residual stream after adding ``parts`` to ``entering`` in order, each sum normalized where the block does.
+
+        ``parts`` are the block's contributions from its ``first`` on (the MLP's alone, from ``layer_mid``).
+        """
         block = self.model.layers[layer]
-        norms = block.stream_norms() or (None,) * len(parts)
+        norms = block.stream_norms()[first:] or (None,) * len(parts)
         stream = entering
         for part, norm in zip(parts, norms, strict=False):
             stream = stream + part
@@ -160,6 +165,29 @@ class LayerSuite(Suite):
             close(
                 self.stream_after(i, entering, parts), mid, what=f"layers[{i}]: layer_input + {mixers[i]} vs layer_mid"
             )
+
+    def test_assigned_layer_mid_reaches_the_mlp_and_the_residual_it_is_added_to(self) -> None:
+        """A pre-norm block holds the stream between its sublayers twice: the MLP norm's input and the residual."""
+        model = self.model
+        unavailable = model.support()["layer_mid"] or {}
+        blocks = [i for i in range(model.num_layers) if i not in unavailable]
+        if not blocks:
+            raise unittest.SkipTest(f"no block has a stream between its sublayers: {unavailable}")
+        i = blocks[0]
+        mixers = before_mlp(self.contributions(i))
+        after = self.contributions(i)[len(mixers) :]
+        layer = model.layers[i]
+        parts: list[torch.Tensor] = []  # bound outside: a name first bound inside a trace does not survive it
+        with model.trace(PROMPT):
+            written = (torch.randn_like(layer.layer_mid) * layer.layer_mid.std()).save()
+            layer.layer_mid = written
+            parts.extend(getattr(getattr(layer, module), value).save() for module, value in after)
+            leaving = layer.layer_output.save()
+        close(
+            self.stream_after(i, written, parts, first=len(mixers)),
+            leaving,
+            what=f"layers[{i}].layer_output after assigning layer_mid: the written stream + {after}",
+        )
 
     def test_assigned_layer_output_is_next_layer_input(self) -> None:
         model = self.model
@@ -360,10 +388,12 @@ class HyperConnectionSuite(LayerSuite):
     def mixes(self, layer: int) -> bool:
         return "mixing" in self.model.layers[layer].HYPER_CONNECTION
 
-    def stream_after(self, layer: int, entering: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+    def stream_after(
+        self, layer: int, entering: torch.Tensor, parts: list[torch.Tensor], first: int = 0
+    ) -> torch.Tensor:
         block = self.model.layers[layer]
         stream = entering
-        for part, name in zip(parts, self.HYPER_CONNECTIONS, strict=False):
+        for part, name in zip(parts, self.HYPER_CONNECTIONS[first:], strict=False):
             with torch.no_grad():
                 returned = dict(zip(block.HYPER_CONNECTION, getattr(block._module, name)(stream), strict=True))
             stream = mixed_streams(stream, returned["weights"], returned.get("mixing"), part)

@@ -22,7 +22,7 @@ class PostNormLayer(HybridLayer):
     attention_norm_output = unavailable(POST_NORM_ATTENTION)
     mlp_norm_output = unavailable(POST_NORM_MLP)
 
-    @EProperty("mlp.input")
+    @EProperty("mlp.input", shared=True)
     def layer_mid(self, value: Any) -> Residual:
         """The residual stream between the two sublayers, [batch, seq, hidden_size]: what the MLP reads.
 
