@@ -151,6 +151,11 @@ class Wkv(RecurrentMixer):
     #: token_mixing's heads: each channel runs its own recurrence over its own values
     MIXING_HEADS = CHANNELS
     KIND = "RWKV-4 WKV linear attention"
+    STATE_PATCHING = (
+        "an RWKV block carries two things past a token, the WKV state and the token shift's last input (for the "
+        "time and the channel mixing), and its model passes them as one state list that patch_state does not take; "
+        "write set_state_after(t, value) with the source's state_after(t) in one run instead"
+    )
     # the receptance is computed before the kernel call; the kernel returns its output and final state together
     ORDER = (
         ("attention_gates",),

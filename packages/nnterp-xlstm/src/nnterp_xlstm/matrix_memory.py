@@ -125,6 +125,10 @@ class MatrixMemory(RecurrentMixer):
     DECODE = None
     PER_TOKEN = ALWAYS
     KIND = "mLSTM"
+    STATE_PATCHING = (
+        "an mLSTM's state past a token is its memory with a normalizer and a stabilizer, and patch_state carries "
+        "the memory alone; write set_state_after(t, value) with the source's state_after(t) in one run instead"
+    )
     ORDER = (
         (*CALL_ARGUMENTS, "input_gates", "forget_gates", "normalizer_input", "stabilizer_input"),
         ("state", "states"),

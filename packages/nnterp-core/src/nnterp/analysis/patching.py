@@ -24,6 +24,7 @@ import nnsight
 import torch
 
 from ..components.call_site import CACHE_ARGUMENTS
+from ..descriptor import Unavailable
 from .blocks import Mixers, mixers, token_ids, within
 from .knockout import Metric, last_logits, metric_of_run
 
@@ -57,6 +58,9 @@ def patch_state(
     Raises:
         IndexError: a position with no source token at it, or, without
             ``max_new_tokens``, no target token after it.
+        nnterp.Unavailable: a chosen block's mixer kind carries more past a
+            token than its state (``RecurrentMixer.STATE_PATCHING`` says what),
+            before anything runs.
     """
     source_ids, target_ids = token_ids(model, source), token_ids(model, target)
     seq = target_ids.shape[1]
@@ -69,6 +73,10 @@ def patch_state(
             f"{source_ids.shape[1]}) and, without max_new_tokens, a target token after t (the target has {seq})"
         )
     blocks, every = mixers(model, layers), mixers(model)
+    for block in blocks:
+        reason = block.recurrent is not None and type(block.recurrent).STATE_PATCHING
+        if reason:
+            raise Unavailable(f"patch_state at layers[{block.layer}]: {reason}")
     clean = metric_of_run(model, target_ids, metric, max_new_tokens, lambda: None)
     changes = []
     for position in chosen:

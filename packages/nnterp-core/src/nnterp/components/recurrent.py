@@ -105,6 +105,9 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
     #: What ``token_mixing`` with ``mixing_offset`` reconstructs: the head outputs ("exact"), or, where a normalizer
     #: divides them by a function of the values, the part before it, named.
     TOKEN_MIXING: str = "exact"
+    #: Why ``nnterp.analysis.patch_state`` cannot carry this kind's state past a token, or ``None`` where it can:
+    #: it carries ``trajectory``'s state through the cache a forward returns, which is all some kinds carry.
+    STATE_PATCHING: str | None = None
 
     # -- what the mixer adds -----------------------------------------------------
 
