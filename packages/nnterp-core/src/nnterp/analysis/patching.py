@@ -177,9 +177,9 @@ def _next_token(model: Any, logits: torch.Tensor) -> torch.Tensor:
 
 
 def _continues_several_tokens(blocks: list[Mixers]) -> bool:
-    """Whether every recurrent mixer of ``blocks`` has a prompt kernel that starts from the cached state (Mamba-1's
-    does not)."""
-    return all(block.recurrent is None or type(block.recurrent).PROMPT.entering_state is not None for block in blocks)
+    """Whether every recurrent mixer of ``blocks`` runs a several-token call from the cached state (Mamba-1's
+    prompt kernel starts from zeros)."""
+    return all(block.recurrent is None or type(block.recurrent).prompt_continues_from_cache() for block in blocks)
 
 
 def _cache(name: str, output: Any) -> Any:

@@ -214,6 +214,12 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         """The family's math: the states after ``positions`` of this call, from its arguments (see ``trajectory``)."""
         raise NotImplementedError(f"{type(self).__name__} declares no states_from_arguments")
 
+    @classmethod
+    def prompt_continues_from_cache(cls) -> bool:
+        """Whether a call of several tokens continues from the state a cache holds: its prompt kernel takes an
+        entering state (Mamba-1's scan starts from zeros, so a continuation runs one token at a time)."""
+        return cls.PROMPT.entering_state is not None
+
     def knock_out(self, knocked: torch.Tensor) -> None:
         """Take the tokens ``knocked`` marks, [batch, seq] booleans, out of what this call's later tokens read.
 

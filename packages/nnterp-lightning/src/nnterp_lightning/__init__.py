@@ -1,0 +1,5 @@
+"""nnterp-lightning: lightning attention (MiniMax) for nnterp."""
+
+from .lightning_attention import LightningAttention
+
+__all__ = ["LightningAttention"]

@@ -1,0 +1,1 @@
+"""Families with lightning-attention mixers."""
