@@ -9,6 +9,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels, unavailable
+from nnterp.analysis.knockout import knocked_tokens
 from nnterp.analysis.mixing import Heads, TokenMixing
 from nnterp.components.call_order import CALL_ARGUMENTS
 from nnterp.components.call_site import SERVED_FROM, argument, bound_kernel, kernel
@@ -421,8 +422,8 @@ class Wkv(RecurrentMixer):
             dtype=dtype or torch.float32,
         )
 
-    def knock_out(self, knocked: Tensor) -> None:
-        """Take the tokens ``knocked`` marks ([batch, seq] booleans) out of what this call's tokens read.
+    def knock_out(self, positions: Tensor) -> None:
+        """Take token ``positions[b]`` of each row ``b`` out of what this call's tokens read.
 
         A zero key still writes ``exp(0) v``, so the knocked keys are set to
         ``KNOCKED_KEY`` instead: ``exp(k)`` is then exactly 0 next to any real
@@ -433,7 +434,8 @@ class Wkv(RecurrentMixer):
         every later real key outweighs to exactly 0.
         """
         keys = self.attention_keys
-        self.attention_keys = keys.masked_fill(knocked[..., None].to(keys.device), KNOCKED_KEY)
+        knocked = knocked_tokens(positions, keys, f"{standard_path(self)}.attention_keys")
+        self.attention_keys = keys.masked_fill(knocked[..., None], KNOCKED_KEY)
 
     # -- token mixing ----------------------------------------------------------------------
 

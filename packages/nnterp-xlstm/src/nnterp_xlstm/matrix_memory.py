@@ -12,6 +12,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, unavailable
+from nnterp.analysis.knockout import knocked_tokens
 from nnterp.analysis.mixing import Heads, TokenMixing
 from nnterp.components.call_order import CALL_ARGUMENTS
 from nnterp.components.call_site import CallSite, argument, forward_arguments, needs_kernel_call
@@ -604,8 +605,8 @@ class MatrixMemory(RecurrentMixer):
         _, denominator, _ = self._mixing_parts(rows, torch.arange(self.mixer_heads))
         return mlstm_readout(self.argument("query"), state, denominator, rows)
 
-    def knock_out(self, knocked: torch.Tensor) -> None:
-        """Take the tokens ``knocked`` marks, [batch, seq] booleans, out of what this call's later tokens read.
+    def knock_out(self, positions: torch.Tensor) -> None:
+        """Take token ``positions[b]`` of each row ``b`` out of what this call's later tokens read.
 
         A token writes into the memory and normalizer with ``exp(i_t) k_t``
         and raises the stabilizer to ``i_t`` at most: an input gate of
@@ -613,4 +614,5 @@ class MatrixMemory(RecurrentMixer):
         stabilizer's floor ``exp(-m)`` moved.
         """
         gates = self.input_gates
+        knocked = knocked_tokens(positions, gates, f"{standard_path(self)}.input_gates")
         self.input_gates = gates.masked_fill(knocked.view(*knocked.shape, 1), -torch.inf)

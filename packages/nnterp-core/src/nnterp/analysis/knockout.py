@@ -54,14 +54,10 @@ def knock_out(model: Any, positions: Sequence[int] | torch.Tensor, layers: Itera
     chosen = torch.as_tensor(positions).reshape(-1)
     for block in mixers(model, layers):
         if block.recurrent is not None and not block.recurrent.decoding():
-            keys = block.recurrent.attention_keys
-            _check_rows(chosen, keys, "attention_keys", block.layer)
-            block.recurrent.knock_out(
-                torch.arange(keys.shape[1], device=keys.device) == chosen.to(keys.device)[:, None]
-            )
+            block.recurrent.knock_out(chosen)
         if block.attention is not None:
             scores = block.attention.attention_scores
-            _check_rows(chosen, scores, "attention_scores", block.layer)
+            knocked_tokens(chosen, scores, f"layers[{block.layer}].attention_scores")
             queries, keys = scores.shape[-2:]
             key_position = torch.arange(keys, device=scores.device)
             # a decode step's queries come after the cached keys
@@ -71,12 +67,19 @@ def knock_out(model: Any, positions: Sequence[int] | torch.Tensor, layers: Itera
             block.attention.attention_scores = scores.masked_fill(later_reads, float("-inf"))
 
 
-def _check_rows(positions: torch.Tensor, value: torch.Tensor, name: str, layer: int) -> None:
+def knocked_tokens(positions: torch.Tensor, value: torch.Tensor, where: str) -> torch.Tensor:
+    """Which tokens of ``value`` ([batch, seq, ...], read at ``where``) ``positions`` knocks out, one per row:
+    ``[batch, seq]`` booleans.
+
+    Raises:
+        ValueError: ``positions`` does not have one entry per row of ``value``.
+    """
     if len(positions) != value.shape[0]:
         raise ValueError(
-            f"knock_out: {len(positions)} position(s) for a batch of {value.shape[0]} at layers[{layer}].{name}: "
-            f"give one position per row of the traced batch"
+            f"knock_out: {len(positions)} position(s) for a batch of {value.shape[0]} at {where}: give one position "
+            f"per row of the traced batch"
         )
+    return torch.arange(value.shape[1], device=value.device) == positions.to(value.device)[:, None]
 
 
 def knockout(

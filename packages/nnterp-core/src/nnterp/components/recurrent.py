@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from nnsight.intervention.interleaver import Mediator
 
+from ..analysis.knockout import knocked_tokens
 from ..analysis.mixing import Heads, TokenMixing, select_heads
 from ..descriptor import DerivedEProperty, EProperty, Unavailable, inside_trace
 from ..layouts import MIXER_HEADS, Mixing, Residual, State, States
@@ -220,17 +221,19 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         entering state (Mamba-1's scan starts from zeros, so a continuation runs one token at a time)."""
         return cls.PROMPT.entering_state is not None
 
-    def knock_out(self, knocked: torch.Tensor) -> None:
-        """Take the tokens ``knocked`` marks, [batch, seq] booleans, out of what this call's later tokens read.
+    def knock_out(self, positions: torch.Tensor) -> None:
+        """Take token ``positions[b]`` of each row ``b`` out of what this call's later tokens read.
 
         A token reaches later ones only through what it writes into the state,
         and it writes with its key (the delta rule's ``beta k v^T`` and key
         removal, Mamba's ``dt B x``): zeroing its key removes the write and
-        nothing before it. A kind whose zero key still writes (an exponential
-        of the key) overrides this. Inside a trace, on a prompt's call;
-        ``nnterp.analysis.knock_out`` calls it.
+        nothing before it. A kind that writes otherwise (an exponential of the
+        key, or with no key) overrides this, marking the tokens with
+        :func:`~nnterp.analysis.knockout.knocked_tokens`. Inside a trace, on a
+        prompt's call; ``nnterp.analysis.knock_out`` calls it.
         """
         keys = self.attention_keys
+        knocked = knocked_tokens(positions, keys, f"{standard_path(self)}.attention_keys")
         self.attention_keys = keys.masked_fill(knocked.view(*knocked.shape, *[1] * (keys.dim() - 2)), 0)
 
     def token_mixing(self, positions: Positions = None, heads: Heads = None) -> Mixing:
