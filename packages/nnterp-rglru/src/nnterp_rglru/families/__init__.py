@@ -1,0 +1,1 @@
+"""The model families nnterp-rglru serves."""
