@@ -41,6 +41,11 @@ PACKAGES = {
     "nnterp-deltanet": ["nnterp-core", "nnterp-attention"],
     "nnterp-mamba": ["nnterp-core", "nnterp-attention"],
     "nnterp-ssd": ["nnterp-core", "nnterp-attention"],
+    "nnterp-rwkv": ["nnterp-core"],
+    "nnterp-rglru": ["nnterp-core", "nnterp-attention"],
+    "nnterp-xlstm": ["nnterp-core"],
+    "nnterp-shortconv": ["nnterp-core", "nnterp-attention"],
+    "nnterp-lightning": ["nnterp-core", "nnterp-attention"],
 }
 
 
