@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import torch
 
+from nnterp import Unavailable
 from nnterp.analysis.knockout import knock_out, knockout
 from nnterp.analysis.patching import patch_state
 from nnterp.order import OrderError
@@ -361,6 +362,12 @@ class LightningAttentionSuite(TokenMixingSuite, TraceOrderSuite, ForwardChangeSu
         changes = knockout(self.model, PROMPT, [t], layers=[layer], metric=lambda logits: logits[:, : t + 1].float())
         close(changes[:, :t], torch.zeros_like(changes[:, :t]), 0, "knockout: the logits before the token")
         assert changes[:, t].abs().max() > 1e-6, "knockout left the knocked token's own logits unchanged"
+
+    def test_patch_state_over_a_cache_that_miscounts_refuses_saying_why(self) -> None:
+        """With softmax blocks after a lightning block 0, MiniMax's cache counts no tokens: patch_state says so."""
+        model = tiny_standardized(self.family, layer_types=["linear_attention", "full_attention"], num_hidden_layers=2)
+        with pytest.raises(Unavailable, match=r"MiniMaxCache counts 0 of the \d+ tokens.*set_state_after"):
+            patch_state(model, "Hi you there, friend of mine", PROMPT, [3])
 
     def test_patch_state_continues_from_the_source_state(self) -> None:
         """``patch_state`` at t gives the logits of the target whose state after t is the source's (``set_state_after``).

@@ -148,6 +148,14 @@ def _continued(
     # nnsight masks only the tokens it is given; over a cache an attention's mask must cover the cached ones too,
     # while a Mamba's forward masks its input with it and wants the given tokens' only
     attends = any(block.attention is not None for block in every)
+    counted = cache.get_seq_length() if attends and hasattr(cache, "get_seq_length") else split
+    if int(counted) != split:
+        raise Unavailable(
+            f"patch_state: {type(cache).__name__} counts {int(counted)} of the {split} tokens it holds (it counts at "
+            f"a block that keeps no keys, such as MiniMax's lightning blocks), so the attention blocks' continuation "
+            f"would be masked short; patch a model whose first block is an attention, or write "
+            f"set_state_after(t, value) with the source's state_after(t) in one run"
+        )
     for step in steps + [None] * max(max_new_tokens - 1, 0):
         tokens = ids[:, step] if step is not None else _next_token(model, logits[-1])
         seen = sum(part.shape[1] for part in logits) + tokens.shape[1]
