@@ -34,3 +34,9 @@ def test_the_kinds_of_one_list_are_not_taken_from_another():
     config = AutoConfig.for_model("kimi_linear")
     assert set(layer_kinds(config, "layer_types")) == {"full_attention", "linear_attention"}
     assert set(layer_kinds(config, "mlp_layer_types")) == {"dense", "sparse"}
+
+
+def test_a_sliding_kind_is_not_assigned_to_a_config_without_a_window():
+    """GOT-OCR2's configuration names sliding layers, which only a window makes; its default has none."""
+    assert AutoConfig.for_model("got_ocr2").get_text_config().sliding_window is None
+    assert "sliding_attention" not in built("got_ocr2").get_text_config().layer_types

@@ -122,7 +122,11 @@ def layer_kinds(config: Any, name: str) -> list[str]:
     ``full_attn_idxs``, which its default config leaves empty.
     """
     listed = [kind for kind in config.to_dict()[name] if isinstance(kind, str)]
-    return list(dict.fromkeys(listed + _assigned_kinds(type(config), name)))
+    assigned = _assigned_kinds(type(config), name)
+    if getattr(config, "sliding_window", None) is None:
+        # a config without a window assigns no sliding layer (GOT-OCR2's, whose cache would need the window)
+        assigned = [kind for kind in assigned if "sliding" not in kind]
+    return list(dict.fromkeys(listed + assigned))
 
 
 def _assigned_kinds(config_class: type, name: str) -> list[str]:
