@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import io
 import math
 import unittest
 from collections.abc import Iterator
@@ -25,11 +24,8 @@ from transformers import DynamicCache
 
 from nnterp import Unavailable
 from nnterp.analysis import knock_out, patch_state
-from nnterp.cli import check_families
 from nnterp.components.call_site import CACHE_ARGUMENTS
-from nnterp.components.declaration import forward_changes
 from nnterp.order import OrderError
-from nnterp.registry import REGISTRY
 from nnterp.testing import ATOL, PROMPT, AttentionSuite, RecurrentMixerSuite, blocks_with, close, tiny_standardized
 from nnterp.testing.forward_change import ForwardChangeSuite
 from nnterp.testing.suites import BATCH, raises
@@ -416,33 +412,6 @@ class RgLruSuite(RecurrentMixerSuite, ForwardChangeSuite):
             assert not torch.allclose(trajectory, untouched[0]), f"assigning {name} left the states as they were"
 
     # -- a changed forward: the faults on a scan the forward calls as a method ------------------------------
-
-    def _assert_named(self, model: Any, expected: str) -> None:
-        """``ForwardChangeSuite``'s check, trying the RG-LRU's values: it has no queries."""
-        layer = self._mixer_layer(model)
-        table = model.support(layer=layer)
-        version = transformers.__version__
-        for value in self.RECURRENT:
-            reason = table[f"linear_attn.{value}"]
-            assert isinstance(reason, str), f"linear_attn.{value}: available on a changed forward"
-            for part in (f"changed in transformers {version}", self.family, expected, "needs an update"):
-                assert part in reason, f"linear_attn.{value}: {part!r} not in {reason!r}"
-        changes = forward_changes(REGISTRY.family(self.family))
-        assert len(changes) == 1 and expected in changes[0], f"the family's forward changes: {changes}"
-        report = io.StringIO()
-        assert check_families(report, [REGISTRY.family(self.family)]) == 1
-        assert f"FAILED: forward changed in transformers {version}" in report.getvalue(), report.getvalue()
-        assert expected in report.getvalue() and "Traceback" not in report.getvalue(), report.getvalue()
-        mixer = model.layers[layer].linear_attn
-        with model.trace(PROMPT):
-            with raises(Unavailable, f"changed in transformers {version}"):
-                mixer.attention_values.save()
-        with model.trace(PROMPT):
-            entering = model.layers[layer].layer_input.save()
-            contribution = mixer.attention_output.save()
-            leaving = model.layers[layer].layer_output.save()
-            logits = model.logits.save()
-        assert contribution.shape == entering.shape == leaving.shape and torch.isfinite(logits).all()
 
     def scan(self) -> str:
         return _method(self.mixers()[0][1].PROMPT)

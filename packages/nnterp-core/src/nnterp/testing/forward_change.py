@@ -200,7 +200,7 @@ class ForwardChangeSuite(Suite):
         mixer = model.layers[layer].linear_attn
         with model.trace(PROMPT):
             with raises(Unavailable, f"changed in transformers {version}"):
-                mixer.attention_queries.save()
+                getattr(mixer, self.RECURRENT[0]).save()
         with model.trace(PROMPT):
             entering = model.layers[layer].layer_input.save()
             contribution = mixer.attention_output.save()
