@@ -4,6 +4,9 @@ nnterp plugins              every plugin, its distribution, families and model t
 nnterp support [MODEL]      the support table of MODEL (hub id or directory), or of every family's tiny model
 nnterp check [--json] [FAMILY ...]
                             the conformance suites on each family's tiny model; exits 1 on any failure
+nnterp capture MODEL OUT --value VALUE [--value ...] (--texts FILE ... | --dataset NAME [--split SPLIT])
+                            standard values over a corpus, into sharded safetensors (nnterp.capture); run again
+                            to resume
 nnterp coverage [--json | --markdown] [--check [generic]]
                             which of the installed transformers' causal LMs a family serves, and the recurrent
                             ones none does; --check runs the suites of the families that serve them,
@@ -20,6 +23,7 @@ import traceback
 import unittest
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
@@ -297,6 +301,28 @@ def coverage(out: TextIO, as_json: bool, run_checks: str | None, as_markdown: bo
     return check_families(sys.stderr if as_json else out, list(families.values()))
 
 
+def capture(out: TextIO, args: argparse.Namespace) -> int:
+    """Run ``nnterp.capture.capture`` with the command's arguments, and print what it wrote."""
+    from .capture import capture as run_capture
+
+    written = run_capture(
+        args.model,
+        [Path(path) for path in args.texts] if args.texts else args.dataset,
+        args.value,
+        args.out,
+        context=args.context,
+        batch_size=args.batch_size,
+        pack=not args.no_pack,
+        text_column=args.text_column,
+        split=args.split,
+        max_sequences=args.max_sequences,
+        shard_mib=args.shard_mib,
+    )
+    tokens = sum(shard["tokens"] for shard in written.shards)
+    print(f"{len(written)} sequences, {tokens} tokens, {len(written.shards)} shards in {args.out}", file=out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nnterp", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -328,8 +354,29 @@ def main(argv: list[str] | None = None) -> int:
         choices=("all", "generic"),
         help="then run the suites of every family that serves one (`generic`: only of the generic families)",
     )
+    capture_parser = commands.add_parser("capture", help="capture standard values over a corpus into a directory")
+    capture_parser.add_argument("model", help="hub id or local directory")
+    capture_parser.add_argument("out", help="the capture's directory; a capture there with the same arguments resumes")
+    capture_parser.add_argument(
+        "--value",
+        action="append",
+        required=True,
+        help="a standard name, with options as the manifest spells them: 'layers[4].linear_attn.states(positions=-1)'",
+    )
+    source = capture_parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--texts", nargs="+", help="text files: .txt (one text each) or .jsonl (one record a line)")
+    source.add_argument("--dataset", help="a datasets dataset's name, streamed")
+    capture_parser.add_argument("--split", default="train")
+    capture_parser.add_argument("--text-column", default="text")
+    capture_parser.add_argument("--context", type=int, default=128)
+    capture_parser.add_argument("--batch-size", type=int, default=8)
+    capture_parser.add_argument("--no-pack", action="store_true", help="one sequence per text instead of packing")
+    capture_parser.add_argument("--max-sequences", type=int)
+    capture_parser.add_argument("--shard-mib", type=float, default=256)
     args = parser.parse_args(argv)
     try:
+        if args.command == "capture":
+            return capture(sys.stdout, args)
         if args.command == "plugins":
             return plugins(sys.stdout)
         if args.command == "support":
