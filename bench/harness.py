@@ -11,6 +11,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -95,6 +96,30 @@ def medians(
                 run(n)
                 times.setdefault((name, n), []).append(time.perf_counter() - start)
     return {key: statistics.median(values) for key, values in times.items()}
+
+
+def peak_rise(run: Callable[[], object]) -> float:
+    """MiB the process's peak resident set rises by during ``run()``, over its resident set before it.
+
+    torch has no CPU allocator statistics and tracemalloc does not see its tensors, so this reads
+    the kernel's VmHWM, reset to the current resident set through /proc/self/clear_refs.
+    """
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kib("VmRSS")
+    run()
+    return (_status_kib("VmHWM") - before) / 1024
+
+
+def resident_peak() -> float:
+    """MiB of the process's peak resident set (VmHWM) so far: the model, torch and everything a run added."""
+    return _status_kib("VmHWM") / 1024
+
+
+def _status_kib(field_name: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field_name}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field_name}")
 
 
 def table(title: str, times: dict[tuple[str, int], float], ratios: Iterable[tuple[str, str]]) -> None:

@@ -29,7 +29,6 @@ import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import deltanet
 import harness
@@ -168,17 +167,7 @@ def peak_rise(name: str, run_name: str, tokens: int) -> float:
     else:
         run = trajectory(harness.standardized(module), ids, [-1])
     run(WARM_UP_TOKENS)  # imports, and nnsight compiling the traced forward
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
-    before = _status_kib("VmRSS")
-    run(tokens)
-    return (_status_kib("VmHWM") - before) / 1024
-
-
-def _status_kib(field_name: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field_name}:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field_name}")
+    return harness.peak_rise(lambda: run(tokens))
 
 
 def peak_in_fresh_process(name: str, run_name: str, tokens: int, threads: int | None) -> float:

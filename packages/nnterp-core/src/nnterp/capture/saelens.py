@@ -153,7 +153,7 @@ def _check(activations: Activations, key: str) -> tuple[int, str, int]:
             f"{key} was captured at positions={selection['positions']}, not at every token, and SAELens reads every "
             f"token of each sequence; capture {value['name']} without positions="
         )
-    if "reduce" in selection and selection["reduce"] == "topk":
+    if selection.get("reduce") == "topk":
         raise CaptureError(
             f"{key} holds the top-k entries of each row, whose indices SAELens would not see; "
             "capture the value without reduce='topk'"

@@ -60,8 +60,9 @@ class Value:
 
     - ``positions`` picks tokens of each sequence as ``states[:, positions]``
       would, counted over the sequence's own tokens (``-1`` is each sequence's
-      last token, however the batch was padded); an int keeps one row per
-      sequence.
+      last token, however the batch was padded); an int keeps one token row
+      per sequence. A sequence shorter than a position (``pack=False``) keeps
+      the positions it has.
     - ``heads`` picks entries of the value's heads axis (attention heads, a
       recurrent mixer's heads, or Mamba-1's channels).
     - ``reduce``: ``"mean"`` over the picked tokens of each sequence (one row
