@@ -14,6 +14,9 @@ of the small Llama over 100 and over 10,000 sequences, the shard size fixed (``-
 Resume: a capture in a process of its own, killed with SIGKILL after its third shard, then run again,
 against an uninterrupted one: every file's sha256.
 
+Remote: the size of a ten-value request on tiny models, carrying nnterp by value (for a server with only
+nnsight, ``nnterp.remote.ship``) and by reference; tests/test_remote.py checks the values a server returns.
+
     python bench/capture.py [--threads 2] [--sequences 32] [--context 256] [--batch-size 8] [--repeats 3]
 """
 
@@ -200,6 +203,49 @@ def resume() -> None:
     shutil.rmtree(work)
 
 
+def request_sizes() -> None:
+    """Bytes of a ten-value remote request on each tiny model, carrying nnterp by value and by reference."""
+    from nnsight.tracing.backend import Backend
+
+    from nnterp import StandardizedTransformer
+    from nnterp.remote import ship
+    from nnterp.testing import save_tiny
+
+    class Serialized(Backend):
+        def __init__(self, model: StandardizedTransformer) -> None:
+            self.remote = model._remote_backend(True, True, None, False)
+
+        def __call__(self, tracer) -> None:
+            self.blob = self.remote._serialize(tracer)
+
+    work = Path(tempfile.mkdtemp(prefix="nnterp-capture-remote-"))
+    for family in ("llama", "qwen3_next", "mamba2"):
+        model = StandardizedTransformer(save_tiny(family, work / family))
+        block = model.layers[0]
+        names = [name for name, reason in model.support(layer=0).items() if reason is None][:10]
+        places = [
+            (getattr(block, name.rpartition(".")[0]) if "." in name else block, name.rpartition(".")[2])
+            for name in names
+        ]
+        sizes = {}
+        for how in ("value", "reference"):
+            ship(how)
+            backend = Serialized(model)
+            with model.trace(backend=backend) as tracer:
+                with tracer.invoke("The Eiffel Tower is in"):
+                    pass
+                for owner, value in places:
+                    with tracer.invoke():
+                        getattr(owner, value).save()
+            sizes[how] = len(backend.blob)
+        ship("auto")
+        print(
+            f"remote request, {family}, {len(names)} values ({'compressed' if backend.remote.compress else 'raw'}): "
+            f"by value {sizes['value'] / 1024:.0f} KiB (target at most 256 KiB), by reference {sizes['reference'] / 1024:.1f} KiB"
+        )
+    shutil.rmtree(work)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -220,6 +266,7 @@ def main() -> None:
         throughput(name, options)
     memory(options)
     resume()
+    request_sizes()
 
 
 if __name__ == "__main__":

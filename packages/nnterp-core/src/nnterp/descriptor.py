@@ -116,6 +116,13 @@ class Unavailable(RuntimeError):
     """
 
 
+def _rebuilt(kind: type, doc: str | None) -> "EProperty":
+    """An empty value descriptor of class ``kind``, for unpickling to fill with its state."""
+    descriptor = kind.__new__(kind)
+    property.__init__(descriptor, doc=doc)
+    return descriptor
+
+
 class EProperty(eproperty):
     """A served value whose place is a path from the host envoy, and which can say when it is unavailable.
 
@@ -188,6 +195,11 @@ class EProperty(eproperty):
         """Register the write-back of an edited view: ``func(envoy, view, element)`` returns the element to put back."""
         self._transform = func
         return self
+
+    def __reduce__(self) -> tuple:
+        # A remote request that ships nnterp's source (nnterp.remote) pickles the envoy classes by value, and with
+        # them their values; a property is not picklable by default, so rebuild it from its docstring and state.
+        return _rebuilt, (type(self), self.__doc__), self.__dict__
 
     # -- what the value is -------------------------------------------------
 

@@ -22,7 +22,7 @@ from .descriptor import DerivedEProperty, EProperty
 from .layouts import Logits, Probabilities
 from .placement import check_device_map, input_device, pipeline_placement
 from .registry import REGISTRY, ForeignModel, family_name
-from .remote import ship_by_reference
+from .remote import archive, by_value, carried, exclude_from_nnsight_by_value, shipped
 from .tensor_parallel import shim_nnsight
 
 #: The spellings most transformers families share; a family's RENAME is merged over them.
@@ -288,8 +288,23 @@ class StandardizedTransformer(TransformersModel):
         return super()._remoteable_model_key()
 
     def _remote_backend(self, *args: Any, **kwargs: Any) -> Any:
-        ship_by_reference()
+        exclude_from_nnsight_by_value()
+        if by_value(self.family):
+            self.__dict__["_shipped_archive"] = archive(self.family.__name__.partition(".")[0])
+        else:
+            self.__dict__.pop("_shipped_archive", None)
         return super()._remote_backend(*args, **kwargs)
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        # A request that carries nnterp by value unpickles this model first: through ``shipped``, which serves
+        # the archive's modules before the classes the rest of the request names are looked up (nnterp.remote).
+        reduced = super().__reduce_ex__(protocol)
+        shipped_archive = self.__dict__.get("_shipped_archive")
+        if shipped_archive is None:
+            return reduced
+        state = {name: value for name, value in reduced[2].items() if name != "_shipped_archive"}
+        kind = type(self)
+        return (carried(shipped), (shipped_archive, kind.__module__, kind.__qualname__), state, *reduced[3:])
 
     family: ModuleType
     """The family module of this model (``nnterp.families.llama``, or a generic family with ``GENERIC``)."""

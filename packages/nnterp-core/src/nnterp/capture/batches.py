@@ -113,7 +113,11 @@ def rows(read: Read, picks: tuple[Tensor, Tensor], batch: Batch) -> dict[str, Te
     if token_axis is None:
         kept["row"] = batch.sequences
     else:
-        tensor = tensor.movedim(token_axis, 1)[batch_rows.to(tensor.device), places.to(tensor.device)]
+        tensor = tensor.movedim(token_axis, 1)
+        if value.positions is None and len(places) == tensor.shape[0] * tensor.shape[1] and not read.method:
+            tensor = tensor.flatten(0, 1)  # every token of an unpadded batch, in order: no gather
+        else:
+            tensor = tensor[batch_rows.to(tensor.device), places.to(tensor.device)]
         if value.reduce == "mean":
             totals = tensor.new_zeros(len(batch.lengths), *tensor.shape[1:]).index_add_(0, batch_rows, tensor)
             counts = torch.bincount(batch_rows, minlength=len(batch.lengths)).clamp(min=1)
