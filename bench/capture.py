@@ -1,8 +1,10 @@
 """What ``nnterp.capture`` costs next to the forward it wraps, how its memory grows with the corpus, and its resume.
 
 Throughput: the residual stream of every block (``layers[i].layer_output``) captured end to end, from the texts
-(tokenizing and packing them) to the shards on disk, against the plain transformers forward over the same
-packed token batches, in tokens per second; interleaved repeats, medians. On two models with random weights:
+(tokenizing and packing them) to the shards on disk (synced), against the plain transformers forward over the
+same packed token batches, in tokens per second; interleaved repeats, medians. The shards are small enough that a
+run writes several, as a capture of a corpus does, so writing overlaps compute but for the last shard. On two
+models with random weights:
 
 - deltanet: the trajectory benchmark's gated DeltaNet model (Qwen3.5's mixer, 16 heads x 128 x 128, hidden 1024,
   two mixer blocks and one softmax attention block);
@@ -17,7 +19,8 @@ against an uninterrupted one: every file's sha256.
 Remote: the size of a ten-value request on tiny models, carrying nnterp by value (for a server with only
 nnsight, ``nnterp.remote.ship``) and by reference; tests/test_remote.py checks the values a server returns.
 
-    python bench/capture.py [--threads 2] [--sequences 32] [--context 256] [--batch-size 8] [--repeats 3]
+    python bench/capture.py [--threads 2] [--sequences 96] [--context 256] [--batch-size 8] [--repeats 3]
+                            [--shard-mib 8] [--models deltanet llama]
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ def throughput(name: str, options: argparse.Namespace) -> None:
             context=options.context,
             batch_size=options.batch_size,
             max_sequences=options.sequences,
+            shard_mib=options.shard_mib,
             progress=False,
         )
 
@@ -118,7 +122,7 @@ def throughput(name: str, options: argparse.Namespace) -> None:
     rate = {run_name: tokens / statistics.median(spent) for run_name, spent in times.items()}
     print(
         f"{name}: {len(values)} residual streams, {options.sequences} x {options.context} tokens, batch "
-        f"{options.batch_size}: plain {rate['plain']:.0f} tok/s, capture {rate['capture']:.0f} tok/s, "
+        f"{options.batch_size}, {options.shard_mib} MiB shards: plain {rate['plain']:.0f} tok/s, capture {rate['capture']:.0f} tok/s, "
         f"capture/plain {rate['capture'] / rate['plain']:.2f}x (target at least 0.9x)"
     )
 
@@ -249,12 +253,12 @@ def request_sizes() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sequences", type=int, default=32)
+    parser.add_argument("--sequences", type=int, default=96)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--shard-mib", type=float, default=4, help="the shard size of the memory runs")
+    parser.add_argument("--shard-mib", type=float, default=8, help="the shard size, so a run writes several")
     parser.add_argument("--peak", type=int, help=argparse.SUPPRESS)
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
