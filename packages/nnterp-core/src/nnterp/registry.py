@@ -222,6 +222,10 @@ class Registry:
         """Every working plugin with its distribution, version and families."""
         return list(self.index["plugins"])
 
+    def plugin_of(self, family: ModuleType) -> PluginInfo | None:
+        """The plugin that registered ``family``, or ``None`` for one registered by hand."""
+        return next((info for info in self.plugins() if family in info.families), None)
+
     # -- what plugins provide ------------------------------------------------
 
     def _fail(self, name: str, error: BaseException, when: str) -> None:

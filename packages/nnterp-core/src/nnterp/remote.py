@@ -75,23 +75,17 @@ def by_value(family: Any) -> bool:
         remote = get_remote_env().get("packages", {})
     except Exception:  # no answer from NDIF (offline, a private server): shipping the code works everywhere
         return True
-    needed = {"nnterp": "nnterp-core", **_plugin_distribution(_package(family))}
+    from .registry import REGISTRY
+
+    needed = {"nnterp": "nnterp-core"}
+    plugin = REGISTRY.plugin_of(family)
+    if plugin is not None and plugin.distribution and _package(family) != "nnterp":
+        needed[_package(family)] = plugin.distribution
     return any(remote.get(module) != version(distribution) for module, distribution in needed.items())
 
 
 def _package(family: Any) -> str:
     return family.__name__.partition(".")[0]
-
-
-def _plugin_distribution(package: str) -> dict[str, str]:
-    """``{package: distribution}`` for the plugin whose package ``package`` is (none for nnterp-core's own)."""
-    from .registry import REGISTRY
-
-    for info in REGISTRY.plugins():
-        name = getattr(info.module, "__name__", type(info.module).__module__).partition(".")[0]
-        if name == package and name != "nnterp" and info.distribution:
-            return {package: info.distribution}
-    return {}
 
 
 @functools.lru_cache(maxsize=8)

@@ -165,7 +165,7 @@ def _settings(model, reads, source, text_column, split, context, batch_size, pac
             "revision": getattr(config, "_commit_hash", None),
             "model_type": config.model_type,
         },
-        "versions": {name: version(name) for name in ("nnterp-core", "transformers", "torch")},
+        "versions": {name: version(name) for name in ("nnterp-core", _plugin(model), "transformers", "torch") if name},
         "values": [read.value.key for read in reads],
         "source": describe(source, text_column, split),
         "context": context,
@@ -174,6 +174,14 @@ def _settings(model, reads, source, text_column, split, context, batch_size, pac
         "max_sequences": max_sequences,
         "shard_mib": shard_mib,
     }
+
+
+def _plugin(model) -> str | None:
+    """The distribution of the plugin serving the model's family (the values' code), when it has one."""
+    from ..registry import REGISTRY
+
+    plugin = REGISTRY.plugin_of(model.family)
+    return plugin.distribution if plugin is not None else None
 
 
 def _check_context(model, reads: list[Read], context: int, batch_size: int) -> None:

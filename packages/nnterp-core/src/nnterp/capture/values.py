@@ -287,8 +287,9 @@ def _check_selection(read: Read) -> None:
         raise CaptureError(f"{value.name} has no token axis to take the mean over")
     if layouts.BATCH not in dims:
         raise CaptureError(
-            f"{value.name} has no batch axis ({', '.join(dims)}): its rows cannot be told apart by sequence; "
-            "a capture takes values with one"
+            f"{value.name} has no batch axis ({', '.join(dims)}): its rows cannot be told apart by sequence, and a "
+            "capture takes values with one (a vision tower's values also need images, which a capture's text "
+            "sources do not give)"
         )
 
 
