@@ -35,12 +35,6 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory) -> StandardizedTransformer:
-    directory = save_tiny("llama", tmp_path_factory.mktemp("llama") / "model")
-    return StandardizedTransformer(directory, attn_implementation="eager")
-
-
-@pytest.fixture(scope="module")
 def deltanet(tmp_path_factory) -> StandardizedTransformer:
     directory = save_tiny("qwen3_next", tmp_path_factory.mktemp("qwen3_next") / "model")
     return StandardizedTransformer(directory)

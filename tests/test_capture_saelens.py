@@ -23,27 +23,14 @@ from sae_lens import (  # noqa: E402
 )
 from sae_lens.config import SAETrainerConfig  # noqa: E402
 
-from nnterp import StandardizedTransformer  # noqa: E402
 from nnterp.capture import Activations, CaptureError, Value, capture  # noqa: E402
 from nnterp.capture.saelens import store_kwargs, to_saelens  # noqa: E402
-from nnterp.testing import save_tiny  # noqa: E402
 
-TEXTS = [
-    "Hello world, there is a cat on the mat.",
-    "Another text, about dogs and cats and birds.",
-    "short",
-    "The quick brown fox jumps over the lazy dog.",
-] * 3
+TEXTS = [f"Sentence number {i} is about cats, dogs and the birds they chase." for i in range(12)]
 CONTEXT = 12
 RESIDUAL = "layers[0].layer_output"
 HEADS = "layers[1].self_attn.attention_head_outputs"
 HALF = Value(RESIDUAL, dtype=torch.bfloat16)
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory) -> StandardizedTransformer:
-    directory = save_tiny("llama", tmp_path_factory.mktemp("llama") / "model")
-    return StandardizedTransformer(directory, attn_implementation="eager")
 
 
 @pytest.fixture(scope="module")
