@@ -129,13 +129,15 @@ def test_reductions_and_head_selections_are_computed_from_the_full_rows(llama, t
     assert acts.values[f"{full}(positions=2:5, heads=1)"]["axes"] == ["token", "head_dim"]
 
 
-def test_recurrent_states_and_token_mixing_rows_are_the_mixers_own(deltanet, tmp_path):
+def test_recurrent_states_token_mixing_and_routing_rows_are_the_models_own(deltanet, tmp_path):
     layer = blocks_with(deltanet, "linear_attn")[0]
     mixer = f"layers[{layer}].linear_attn"
+    routing = f"layers[{layer}].mlp.expert_indices"
     values = [
         Value(f"{mixer}.trajectory", positions=[0, 5, -1]),
         f"{mixer}.state_output",
         Value(f"{mixer}.token_mixing", positions=-1, heads=0),
+        routing,
     ]
     acts = capture(deltanet, TEXTS, values, tmp_path, context=12, batch_size=2, progress=False)
     tensors = acts.shard(0)
@@ -149,6 +151,9 @@ def test_recurrent_states_and_token_mixing_rows_are_the_mixers_own(deltanet, tmp
     with deltanet.trace(inputs):
         states = block.trajectory(positions=[0, 5, 11]).save()
         mixing = block.token_mixing(positions=-1, heads=0).save()
+        experts = deltanet.layers[layer].mlp.expert_indices.save()
+    assert tensors[routing].dtype == experts.dtype and not experts.is_floating_point()
+    assert torch.equal(tensors[routing], experts.flatten(0, 1)), "each token's routed experts"
     close(trajectory, states.flatten(0, 1), what="trajectory rows")
     close(tensors[f"{mixer}.token_mixing(positions=-1, heads=0)"], mixing, what="token_mixing rows")
     assert acts.values[f"{mixer}.token_mixing(positions=-1, heads=0)"]["axes"] == ["token", "key"]
