@@ -11,7 +11,7 @@ import torch
 from nnterp import REGISTRY, route_kernels
 from nnterp.analysis import knock_out, knockout, mixed, patch_state
 from nnterp.analysis.blocks import mixers
-from nnterp.testing import PROMPT, blocks_with, tiny_standardized
+from nnterp.testing import PROMPT, blocks_with, mild_decays, tiny_standardized
 from nnterp_deltanet.testing import reference_delta_rule
 
 FAMILIES = ("llama", "qwen3_next", "mamba", "mamba2")
@@ -20,23 +20,9 @@ FAMILIES = ("llama", "qwen3_next", "mamba", "mamba2")
 SAME_START, OTHER = "Hello frog, anyone", "Nothing alike, truly"
 
 
-def mild(model):
-    """Decays as mild as a trained model's, so a state carries from one token to the next (exp(A_log) in [0.005, 0.05]),
-    and Mamba-1 steps of about 1.3 (softplus of a dt bias of 1), so its tokens write as much as its skip term adds."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for layer in blocks_with(model, "linear_attn"):
-            for name, weight in model.layers[layer].linear_attn._module.named_parameters():
-                if name.endswith("A_log"):
-                    weight.copy_(torch.empty(weight.shape).uniform_(0.005, 0.05, generator=generator).log())
-                if name == "dt_proj.bias":
-                    weight.fill_(1.0)
-    return model
-
-
 @pytest.fixture(scope="module", params=FAMILIES)
 def model(request):
-    return mild(tiny_standardized(request.param))
+    return mild_decays(tiny_standardized(request.param))
 
 
 def whole(logits):
@@ -149,7 +135,7 @@ def test_patching_a_prompts_own_state_or_a_shared_prefix_changes_nothing(model):
 
 def test_patching_only_attention_blocks_continues_the_mamba_blocks_left_alone():
     """Jamba's Mamba-1 mixers, not patched, still run the continuation: one token at a time, from the cache."""
-    model = mild(tiny_standardized("jamba"))
+    model = mild_decays(tiny_standardized("jamba"))
     attention = blocks_with(model, "self_attn")
     assert attention and blocks_with(model, "linear_attn")
     changes = patch_state(model, PROMPT, PROMPT, [5], layers=attention, metric=whole)
@@ -179,7 +165,7 @@ def test_knockout_carries_into_generation(model):
 @pytest.mark.filterwarnings(r"ignore:route_kernels\(\.\.\., 'torch'\):UserWarning")
 def test_patch_state_is_set_state_after_on_every_later_token():
     """Against the primitive: a routed gated DeltaNet continuing from the source's state set with set_state_after."""
-    model = mild(tiny_standardized("qwen3_next"))
+    model = mild_decays(tiny_standardized("qwen3_next"))
     layers, t = blocks_with(model, "linear_attn"), 3
     changes = patch_state(model, OTHER, PROMPT, [t], layers=layers, metric=whole)
     clean: list = []
@@ -192,7 +178,7 @@ def test_patch_state_is_set_state_after_on_every_later_token():
     family = REGISTRY.family("qwen3_next")
     route_kernels(family, "torch")
     try:
-        routed = mild(tiny_standardized("qwen3_next"))
+        routed = mild_decays(tiny_standardized("qwen3_next"))
         expected: list = []
         with routed.trace(PROMPT):
             for layer, state in zip(layers, states, strict=True):
@@ -205,7 +191,7 @@ def test_patch_state_is_set_state_after_on_every_later_token():
 
 
 def test_patching_some_heads_leaves_the_others():
-    model = mild(tiny_standardized("qwen3_next"))
+    model = mild_decays(tiny_standardized("qwen3_next"))
     layers = blocks_with(model, "linear_attn")
     every = patch_state(model, OTHER, PROMPT, [3], layers=layers)
     none = patch_state(model, OTHER, PROMPT, [3], layers=layers, heads=[])

@@ -5,6 +5,8 @@
 - :mod:`.knockout`: take a token out of what later tokens read (``knock_out`` in a trace,
   ``knockout`` over positions).
 - :mod:`.patching`: continue a target prompt from a source prompt's state (``patch_state``).
+- :mod:`.tracing`: corrupt a subject and restore one value at one (layer, position)
+  (``causal_trace``).
 - :mod:`.lens`: the model's own head on any block's stream (``unembed``, ``logit_lens``), and
   a vector added to a standard value (``steer``).
 """
@@ -13,8 +15,11 @@ from .knockout import knock_out, knockout, last_logits
 from .lens import logit_lens, steer, unembed
 from .mixing import Heads, TokenMixing, mixed, select_heads, selected_mixing
 from .patching import patch_state
+from .tracing import CausalTrace, causal_trace
 
 __all__ = [
+    "CausalTrace",
+    "causal_trace",
     "Heads",
     "TokenMixing",
     "knock_out",

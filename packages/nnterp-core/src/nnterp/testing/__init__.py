@@ -3,7 +3,7 @@
 from .forward_change import ForwardChangeSuite
 from .models import save_tiny, tiny_config, tiny_model, tiny_standardized
 from .moe import MoeSuite, draw_selection_bias
-from .recurrent import RecurrentMixerSuite, check_positions, close_relative
+from .recurrent import RecurrentMixerSuite, check_positions, close_relative, mild_decays
 from .suites import (
     ATOL,
     PROMPT,
@@ -34,6 +34,7 @@ __all__ = [
     "close_relative",
     "draw_selection_bias",
     "local_tokenizer",
+    "mild_decays",
     "save_tiny",
     "tiny_config",
     "tiny_model",

@@ -1,0 +1,218 @@
+"""Causal tracing: corrupt a prompt's subject, restore one value at one (layer, position), and see what comes back.
+
+Meng et al. (2022) located factual recall in GPT this way, and Sharma, Atkinson and Bau (2024)
+in Mamba: the subject tokens' embeddings get Gaussian noise, which lowers the probability of the
+clean answer; putting back the clean value of one block at one position, and nothing else,
+recovers part of it, and the recovered part is that value's indirect effect. A restored value
+is what the block passes on at that position:
+
+- ``"layer_output"``: the residual stream leaving the block;
+- ``"attention_output"``: the block's sequence mixer's contribution (its ``self_attn`` or its
+  recurrent ``linear_attn``);
+- ``"mlp_output"``: its MLP's contribution;
+- ``"state"``: a recurrent mixer's state after the token, written as ``set_state_after`` writes
+  it, so the later tokens continue from the clean state; on a block with attention instead,
+  the stream, which is what that block carries past the token.
+
+Every (layer, position) is one row of a batch: a trace corrupts every row the same way and
+restores each row's own value, so a whole grid costs a few batched forwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..descriptor import Unavailable
+from .blocks import token_ids, within
+
+#: What ``causal_trace`` restores, by name (see the module).
+RESTORED = ("layer_output", "attention_output", "mlp_output", "state")
+#: Meng et al.'s noise: three times the standard deviation of the token embeddings.
+NOISE_STDS = 3.0
+
+
+class CausalTrace(NamedTuple):
+    """A causal trace: the answer's probability with each value restored, and its clean and corrupted baselines.
+
+    ``scores[v, l, t]`` is the probability of ``answer`` at the last position
+    when value ``values[v]`` of block ``layers[l]`` is restored at position
+    ``t`` (its indirect effect is ``scores - corrupted``).
+    """
+
+    scores: Tensor
+    clean: float
+    corrupted: float
+    answer: int
+    subject: tuple[int, ...]
+    values: tuple[str, ...]
+    layers: tuple[int, ...]
+    #: The noise added to the subject's embeddings, ``[subject tokens, hidden_size]``, the same in every row.
+    noise: Tensor
+
+    @property
+    def indirect_effect(self) -> Tensor:
+        """``scores - corrupted``: how much of the answer's probability each restored value brings back."""
+        return self.scores - self.corrupted
+
+    def plot(self, value: str | None = None, tokens: list[str] | None = None, ax: Any = None) -> Any:
+        """Draw one value's grid as Meng et al. do, a position per row and a block per column; returns the axes.
+
+        ``value`` defaults to the first traced; ``tokens`` label the rows (the
+        subject's marked with ``*``). Needs matplotlib (``pip install
+        "nnterp-core[plot]"``).
+        """
+        import matplotlib.pyplot as plt
+
+        grid = self.scores[self.values.index(value) if value is not None else 0].T
+        if ax is None:
+            _, ax = plt.subplots(figsize=(1 + 0.3 * grid.shape[1], 1 + 0.3 * grid.shape[0]))
+        image = ax.imshow(grid.numpy(), cmap="Purples", vmin=self.corrupted, aspect="auto")
+        labels = tokens if tokens is not None else [str(position) for position in range(grid.shape[0])]
+        ax.set_yticks(
+            range(grid.shape[0]), [f"{label}*" if i in self.subject else label for i, label in enumerate(labels)]
+        )
+        ax.set_xticks(range(grid.shape[1]), [str(layer) for layer in self.layers])
+        ax.set_xlabel("layer")
+        ax.set_title(
+            f"p(answer) restoring {value or self.values[0]} (clean {self.clean:.3g}, corrupted {self.corrupted:.3g})"
+        )
+        ax.figure.colorbar(image, ax=ax)
+        return ax
+
+
+def causal_trace(
+    model: Any,
+    prompt: str | Tensor,
+    subject: str | Sequence[int],
+    values: Iterable[str] = ("layer_output",),
+    noise: float | None = None,
+    layers: Iterable[int] | None = None,
+    answer: int | None = None,
+    seed: int = 0,
+    batch_size: int = 16,
+) -> CausalTrace:
+    """Trace which values carry ``prompt``'s answer: corrupt ``subject``, restore each value at each (layer, position).
+
+    Args:
+        subject: the subject's token positions, or its text, found in the prompt.
+        values: what to restore, any of ``RESTORED`` (see the module).
+        noise: the standard deviation of the Gaussian noise added to the subject's embeddings; by default three
+            times the token embeddings' (Meng et al.). The same draw (``seed``) corrupts every row.
+        layers: the blocks (default: every block).
+        answer: the token whose probability is traced (default: the clean run's most likely next token).
+
+    Raises:
+        ValueError: an unknown value, a subject not in the prompt, or positions outside it, before anything runs.
+        nnterp.Unavailable: ``"state"`` on a recurrent mixer that cannot write the state after a token (its
+            family is not routed), with the fix, before anything runs.
+    """
+    ids = token_ids(model, prompt)
+    seq = ids.shape[1]
+    positions = _subject_positions(model, prompt, subject, seq)
+    values = tuple(values)
+    unknown = [value for value in values if value not in RESTORED]
+    if unknown or not values:
+        raise ValueError(f"causal_trace restores {', '.join(RESTORED)}; not {unknown or 'nothing'}")
+    count = len(model.layers)
+    chosen = sorted({layer % count for layer in within(layers or range(count), count, "layers", "blocks")})
+    places = {value: [_place(model, layer, value) for layer in chosen] for value in values}
+    embeddings = model._module.get_input_embeddings().weight
+    scale = NOISE_STDS * embeddings.float().std().item() if noise is None else noise
+    draw = torch.randn(len(positions), embeddings.shape[1], generator=torch.Generator().manual_seed(seed)) * scale
+
+    def corrupt() -> None:
+        embedded = model.embed_tokens.output
+        embedded[:, positions] += draw.to(embedded)
+
+    clean_values: dict[tuple[str, int], Tensor] = {}
+    probabilities: list[Tensor] = []
+    with torch.no_grad(), model.trace() as tracer:
+        with tracer.invoke(ids):
+            probabilities.append(model.logits[:, -1].float().softmax(-1).save())
+        for value in values:
+            for layer, (owner, name, _) in zip(chosen, places[value], strict=True):
+                with tracer.invoke():  # an invoke each: the values are read in no particular forward order
+                    clean_values[value, layer] = _read(owner, name).save()
+    clean = probabilities[0][0]
+    answer = int(clean.argmax()) if answer is None else answer
+    grid = [(index, position) for index in range(len(chosen)) for position in range(seq)]
+    scores = torch.empty(len(values), len(chosen), seq)
+    corrupted: list[Tensor] = []
+    for value_index, value in enumerate(values):
+        clean_of = [clean_values[value, layer] for layer in chosen]
+        for start in range(0, len(grid), batch_size):
+            batch = grid[start : start + batch_size]
+            restored = _restored_run(model, ids, corrupt, places[value], clean_of, batch, answer)
+            corrupted.append(restored[0])
+            for (index, position), probability in zip(batch, restored[1:], strict=True):
+                scores[value_index, index, position] = probability
+    return CausalTrace(
+        scores, float(clean[answer]), float(corrupted[0]), answer, tuple(positions), values, tuple(chosen), draw
+    )
+
+
+def _restored_run(model, ids, corrupt, places, clean_of, batch, answer) -> Tensor:
+    """One batched trace: row 0 corrupted, row ``1 + i`` corrupted with the value at ``batch[i]`` (the index of its
+    block in ``places``, a position) restored to ``clean_of``'s; the answer's probability in each row."""
+    read: list[Tensor] = []
+    with torch.no_grad(), model.trace(ids.expand(len(batch) + 1, -1)):
+        corrupt()
+        for index, (owner, name, kind) in enumerate(places):
+            restored = [(row + 1, position) for row, (block, position) in enumerate(batch) if block == index]
+            if not restored:
+                continue
+            clean = clean_of[index]
+            if kind == "state":
+                for position in sorted({position for _, position in restored}):
+                    rows = [row for row, at in restored if at == position]
+                    state = owner.state_after(position).clone()
+                    state[rows] = clean[:, position].to(state)
+                    owner.set_state_after(position, state)
+            else:
+                rows, at = zip(*restored, strict=True)
+                current = getattr(owner, name)
+                current[list(rows), list(at)] = clean[0, list(at)].to(current)
+        read.append(model.logits[:, -1].float().softmax(-1)[:, answer].save())
+    return read[0]
+
+
+def _place(model: Any, layer: int, value: str) -> tuple[Any, str, str]:
+    """Where ``value`` of block ``layer`` is read and written: its envoy, the name served there, and how to restore it."""
+    block = model.layers[layer]
+    mixer = getattr(block, "linear_attn", None) or getattr(block, "self_attn", None)
+    if value == "state":
+        recurrent = getattr(block, "linear_attn", None)
+        if recurrent is None:
+            return block, "layer_output", "stream"
+        reason = recurrent.support().get("states")
+        if reason is not None:
+            raise Unavailable(f"causal_trace restoring the state of layers[{layer}].linear_attn: {reason}")
+        return recurrent, "trajectory", "state"
+    owner = {"layer_output": block, "attention_output": mixer, "mlp_output": getattr(block, "mlp", None)}[value]
+    if owner is None:
+        raise ValueError(f"causal_trace: layers[{layer}] has no module serving {value}; leave the block out of layers")
+    return owner, value, "stream"
+
+
+def _read(owner: Any, name: str) -> Tensor:
+    """The clean value to restore: a stream ``[1, seq, ...]``, or every state of the call ``[1, seq, ...]``."""
+    return owner.trajectory() if name == "trajectory" else getattr(owner, name)
+
+
+def _subject_positions(model: Any, prompt: str | Tensor, subject: str | Sequence[int], seq: int) -> list[int]:
+    """The subject's token positions: as given, or the tokens whose characters overlap ``subject`` in the prompt."""
+    if not isinstance(subject, str):
+        chosen = sorted({position % seq for position in within(subject, seq, "subject", "tokens of the prompt")})
+        if not chosen:
+            raise ValueError("causal_trace: the subject has no tokens")
+        return chosen
+    if not isinstance(prompt, str) or subject not in prompt:
+        raise ValueError(f"causal_trace: the subject {subject!r} is not in the prompt; give its token positions")
+    start = prompt.index(subject)
+    end = start + len(subject)
+    offsets = model.tokenizer(prompt, return_offsets_mapping=True)["offset_mapping"]
+    return [index for index, (first, last) in enumerate(offsets) if first < end and last > start and last > first]
