@@ -12,7 +12,10 @@ transformers' default kernels. Interleaved per length, so machine noise hits the
   matrix at 1024 tokens would be 6 GiB per mixer;
 - knockout: ``nnterp.analysis.knockout`` of 64 positions of a ``--knockout-length`` prompt,
   ``--batch`` rows per forward, against one plain forward of that prompt (the naive bound is
-  64 forwards and the target at most 64x).
+  64 forwards and the target at most 64x);
+- causal trace: ``nnterp.analysis.causal_trace`` of a 10-token prompt with 3 subject tokens,
+  restoring the stream at every layer x position, ``--batch`` rows per forward, against the same
+  trace with each restored row run as its own forward (``batch_size=1``; the target: at most 0.6x).
 
     python bench/analysis.py [--lengths 1024 4096] [--knockout-length 256] [--batch 16] [--families deltanet mamba ssd]
 """
@@ -26,9 +29,11 @@ import harness
 import torch
 from trajectory import FAMILIES, mixers
 
-from nnterp.analysis import knockout
+from nnterp.analysis import causal_trace, knockout
 
 KNOCKED = 64
+#: The causal trace's prompt length and subject tokens.
+TRACED, SUBJECT = 10, [3, 4, 5]
 #: The heads (Mamba-1: channels) the whole matrix is read for.
 FULL_HEADS = {"mamba": slice(0, 64)}
 
@@ -68,10 +73,19 @@ def knocking(model, ids: dict[int, torch.Tensor], batch: int) -> harness.Run:
     return run
 
 
+def tracing(model, ids: dict[int, torch.Tensor], batch: int) -> harness.Run:
+    """``causal_trace`` of the stream at every layer x position, ``batch`` rows per forward."""
+
+    def run(n: int) -> None:
+        causal_trace(model, ids[n], SUBJECT, batch_size=batch)
+
+    return run
+
+
 def measure(name: str, parsed: argparse.Namespace) -> dict[tuple[str, int], float]:
     family = FAMILIES[name]
     full, rows64 = parsed.lengths
-    ids = harness.token_ids([full, rows64, parsed.knockout_length], family.config["vocab_size"])
+    ids = harness.token_ids([full, rows64, parsed.knockout_length, TRACED], family.config["vocab_size"])
     plain, traced = harness.twins(family.model_type, family.config, **family.load)
     model = harness.standardized(traced)
     forward = harness.forward(plain, ids)
@@ -83,14 +97,22 @@ def measure(name: str, parsed: argparse.Namespace) -> dict[tuple[str, int], floa
     times |= harness.medians(
         {"plain": forward, "knockout": knocking(model, ids, parsed.batch)}, [parsed.knockout_length], parsed.repeats
     )
-    return times
+    rows = {"plain": forward, "alone": tracing(model, ids, 1), "traced": tracing(model, ids, parsed.batch)}
+    return times | harness.medians(rows, [TRACED], parsed.repeats)
 
 
 def report(name: str, times: dict[tuple[str, int], float], batch: int) -> None:
     family = FAMILIES[name]
     print(f"{family.title}; {torch.get_num_threads()} thread(s), median seconds")
     for (run, n), seconds in times.items():
-        if run == "plain":
+        if run in ("plain", "alone"):
+            continue
+        if run == "traced":
+            alone = times["alone", n]
+            print(
+                f"  {n:>5} tokens: causal_trace of the stream at every layer x position, {batch} rows per forward "
+                f"{seconds:8.3f}; each row its own forward {alone:8.3f} ({seconds / alone:.2f}x, target at most 0.6x)"
+            )
             continue
         plain = times["plain", n]
         label = {
