@@ -18,6 +18,7 @@ transformers' default kernels. Interleaved per length, so machine noise hits the
   trace with each restored row run as its own forward (``batch_size=1``; the target: at most 0.6x).
 
     python bench/analysis.py [--lengths 1024 4096] [--knockout-length 256] [--batch 16] [--families deltanet mamba ssd]
+                             [--runs full rows64 knockout traced]
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from trajectory import FAMILIES, mixers
 from nnterp.analysis import causal_trace, knockout
 
 KNOCKED = 64
+#: What can be timed: the whole token mixing, its last 64 rows, knockout, causal tracing.
+RUNS = ("full", "rows64", "knockout", "traced")
 #: The causal trace's prompt length and subject tokens.
 TRACED, SUBJECT = 10, [3, 4, 5]
 #: The heads (Mamba-1: channels) the whole matrix is read for.
@@ -46,6 +49,7 @@ def options() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
+    parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS), help="which analyses to time")
     parsed = parser.parse_args()
     if parsed.threads:
         torch.set_num_threads(parsed.threads)
@@ -89,16 +93,18 @@ def measure(name: str, parsed: argparse.Namespace) -> dict[tuple[str, int], floa
     plain, traced = harness.twins(family.model_type, family.config, **family.load)
     model = harness.standardized(traced)
     forward = harness.forward(plain, ids)
-    whole = mixing(model, ids, heads=FULL_HEADS.get(name))
-    times = harness.medians({"plain": forward, "full": whole}, [full], parsed.repeats)
-    times |= harness.medians(
-        {"plain": forward, "rows64": mixing(model, ids, slice(-64, None))}, [rows64], parsed.repeats
-    )
-    times |= harness.medians(
-        {"plain": forward, "knockout": knocking(model, ids, parsed.batch)}, [parsed.knockout_length], parsed.repeats
-    )
-    rows = {"plain": forward, "alone": tracing(model, ids, 1), "traced": tracing(model, ids, parsed.batch)}
-    return times | harness.medians(rows, [TRACED], parsed.repeats)
+    timed = {
+        "full": (mixing(model, ids, heads=FULL_HEADS.get(name)), full),
+        "rows64": (mixing(model, ids, slice(-64, None)), rows64),
+        "knockout": (knocking(model, ids, parsed.batch), parsed.knockout_length),
+        "traced": (tracing(model, ids, parsed.batch), TRACED),
+    }
+    times: dict[tuple[str, int], float] = {}
+    for run in parsed.runs:
+        analysis, length = timed[run]
+        others = {"alone": tracing(model, ids, 1)} if run == "traced" else {}
+        times |= harness.medians({"plain": forward, **others, run: analysis}, [length], parsed.repeats)
+    return times
 
 
 def report(name: str, times: dict[tuple[str, int], float], batch: int) -> None:
