@@ -1,0 +1,150 @@
+"""Attribution patching: a first-order estimate of patching every value at every position, from two runs.
+
+Patching the corrupt prompt's value ``a'`` into the clean run at one (layer, position) changes a
+metric ``M`` by about ``(a' - a) . dM/da``, the gradient taken on the clean run (Nanda 2023; Kramár
+et al. 2024, AtP). One clean forward and backward and one corrupt forward give that estimate for
+every value, layer and position at once, where exact patching runs a forward for each.
+
+Values are named as ``support()`` names a block's values, and each is estimated on the blocks that
+have it (a hybrid's ``linear_attn`` and ``self_attn`` apart):
+
+- ``"layer_output"``, ``"self_attn.attention_output"``, ``"linear_attn.attention_output"``,
+  ``"mlp.mlp_output"``: one number per position, ``[layers, seq]``;
+- ``"self_attn.attention_head_outputs"``, ``"linear_attn.attention_head_outputs"``: per head,
+  ``[layers, seq, heads]``, before the heads' output projection;
+- ``"mlp.mlp_neurons"``: per neuron, ``[layers, seq, intermediate_size]``.
+
+A value nnsight serves no gradient for (one computed beside the forward rather than used by it:
+a mixture of experts' slots, Mamba-1's per-channel head outputs) raises ``Unavailable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import torch
+from nnsight.intervention.interleaver import OutOfOrderError
+from torch import Tensor
+
+from ..descriptor import Unavailable
+from .blocks import token_ids, within
+
+#: What ``attribution_patch`` estimates, in the order a block's forward makes them, and how many trailing axes each
+#: estimate sums over (the width a patch moves together).
+ESTIMATED = {
+    "self_attn.attention_head_outputs": 1,
+    "self_attn.attention_output": 1,
+    "linear_attn.attention_head_outputs": 1,
+    "linear_attn.attention_output": 1,
+    "mlp.mlp_neurons": 0,
+    "mlp.mlp_output": 1,
+    "layer_output": 1,
+}
+
+
+class Estimate(NamedTuple):
+    """One value's attribution: the blocks that have it, and the estimate ``[len(layers), seq, ...]``."""
+
+    layers: tuple[int, ...]
+    scores: Tensor
+
+
+def answer_log_probability(answer: int) -> Callable[[Tensor], Tensor]:
+    """The metric ``attribution_patch`` uses by default: the log-probability of ``answer`` at the last position."""
+
+    def metric(logits: Tensor) -> Tensor:
+        last = logits[:, -1]
+        return last.to(torch.promote_types(last.dtype, torch.float32)).log_softmax(-1)[:, answer].sum()
+
+    return metric
+
+
+def attribution_patch(
+    model: Any,
+    clean: str | Tensor,
+    corrupt: str | Tensor,
+    values: Iterable[str] = ("layer_output",),
+    metric: Callable[[Tensor], Tensor] | None = None,
+    layers: Iterable[int] | None = None,
+) -> dict[str, Estimate]:
+    """Estimate, for each value, layer and position, how patching ``corrupt``'s value into ``clean``'s run moves ``metric``.
+
+    Returns ``{value: Estimate}``: the blocks of ``layers`` (default: all)
+    that have the value, and the estimate ``[blocks, seq, ...]`` as the
+    module says, float32. ``metric`` maps the clean run's logits ``[1, seq,
+    vocab_size]`` to a scalar (default: the log-probability of the clean
+    run's most likely next token). The prompts must have as many tokens.
+
+    Raises:
+        ValueError: an unknown value, or prompts of different lengths, before anything runs.
+        nnterp.Unavailable: a value no chosen block has, or one nnsight serves no gradient for.
+    """
+    clean_ids, corrupt_ids = token_ids(model, clean), token_ids(model, corrupt)
+    if clean_ids.shape != corrupt_ids.shape:
+        raise ValueError(
+            f"attribution_patch: the clean prompt has {clean_ids.shape[1]} tokens and the corrupt one "
+            f"{corrupt_ids.shape[1]}; patching moves a value between the same positions, so give prompts as long"
+        )
+    values = tuple(values)
+    unknown = [value for value in values if value not in ESTIMATED]
+    if unknown or not values:
+        raise ValueError(f"attribution_patch estimates {', '.join(ESTIMATED)}; not {unknown or 'nothing'}")
+    count = len(model.layers)
+    chosen = sorted({layer % count for layer in within(layers or range(count), count, "layers", "blocks")})
+    places = [(layer, value, _owner(model, layer, value)) for layer in chosen for value in ESTIMATED if value in values]
+    places = [(layer, value, owner) for layer, value, owner in places if owner is not None]
+    missing = [value for value in values if not any(place[1] == value for place in places)]
+    if missing:
+        raise Unavailable(
+            f"attribution_patch: no chosen block serves {', '.join(missing)}; model.support() lists what each has"
+        )
+    if metric is None:
+        with torch.no_grad(), model.trace(clean_ids):
+            top = model.logits[0, -1].argmax().save()
+        metric = answer_log_probability(int(top))
+
+    corrupted: list[Tensor] = []
+    with torch.no_grad(), model.trace(corrupt_ids):
+        for _, value, owner in places:
+            corrupted.append(getattr(owner, value.rpartition(".")[2]).clone().save())
+    activations: list[Tensor] = []
+    gradients: list[Tensor] = []
+    names: dict[int, str] = {}
+    try:
+        with model.trace(clean_ids):
+            served = [getattr(owner, value.rpartition(".")[2]) for _, value, owner in places]
+            for activation, (layer, value, _) in zip(served, places, strict=True):
+                names[id(activation)] = f"layers[{layer}] {value}"
+                activations.append(activation.detach().clone().save())
+            measured = metric(model.logits)
+            with measured.backward():
+                for activation in reversed(served):
+                    gradients.append(activation.grad.save())
+    except OutOfOrderError as error:
+        # a gradient hook that never fired: the value is a copy read beside the forward, which no gradient reaches
+        which = next((name for key, name in names.items() if str(key) in str(error)), ", ".join(values))
+        raise Unavailable(
+            f"attribution_patch: nnsight serves no gradient for {which}: it is computed beside the forward, not a "
+            f"tensor the forward goes on with; estimate the value it is computed from, or patch it exactly"
+        ) from None
+    gradients.reverse()
+    estimates: dict[str, list[tuple[int, Tensor]]] = {value: [] for value in values}
+    for (layer, value, _), after, before, gradient in zip(places, corrupted, activations, gradients, strict=True):
+        product = (after - before.detach()) * gradient
+        summed = product.sum(dim=tuple(range(-ESTIMATED[value], 0))) if ESTIMATED[value] else product
+        estimates[value].append((layer, summed[0]))
+    return {
+        value: Estimate(tuple(layer for layer, _ in parts), torch.stack([part for _, part in parts]).float())
+        for value, parts in estimates.items()
+    }
+
+
+def _owner(model: Any, layer: int, value: str) -> Any:
+    """The envoy serving ``value`` (a block-relative standard name) on block ``layer``, or ``None`` when it has none."""
+    owner_name, _, name = value.rpartition(".")
+    block = model.layers[layer]
+    owner = getattr(block, owner_name, None) if owner_name else block
+    if owner is None or name not in dir(type(owner)):
+        return None
+    return owner if owner.support().get(name) is None else None
