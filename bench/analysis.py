@@ -13,12 +13,15 @@ transformers' default kernels. Interleaved per length, so machine noise hits the
 - knockout: ``nnterp.analysis.knockout`` of 64 positions of a ``--knockout-length`` prompt,
   ``--batch`` rows per forward, against one plain forward of that prompt (the naive bound is
   64 forwards and the target at most 64x);
+- attribution: ``nnterp.analysis.attribution_patch`` of every value the model serves a gradient
+  for, at every position of a ``--knockout-length`` prompt, against one plain forward (the target:
+  at most 4x);
 - causal trace: ``nnterp.analysis.causal_trace`` of a 10-token prompt with 3 subject tokens,
   restoring the stream at every layer x position, ``--batch`` rows per forward, against the same
   trace with each restored row run as its own forward (``batch_size=1``; the target: at most 0.6x).
 
     python bench/analysis.py [--lengths 1024 4096] [--knockout-length 256] [--batch 16] [--families deltanet mamba ssd]
-                             [--runs full rows64 knockout traced]
+                             [--runs full rows64 knockout attribution traced]
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ import harness
 import torch
 from trajectory import FAMILIES, mixers
 
-from nnterp.analysis import causal_trace, knockout
+from nnterp import Unavailable
+from nnterp.analysis import attribution_patch, causal_trace, knockout
+from nnterp.analysis.attribution import ESTIMATED
 
 KNOCKED = 64
 #: What can be timed: the whole token mixing, its last 64 rows, knockout, causal tracing.
-RUNS = ("full", "rows64", "knockout", "traced")
+RUNS = ("full", "rows64", "knockout", "attribution", "traced")
 #: The causal trace's prompt length and subject tokens.
 TRACED, SUBJECT = 10, [3, 4, 5]
 #: The heads (Mamba-1: channels) the whole matrix is read for.
@@ -77,6 +82,24 @@ def knocking(model, ids: dict[int, torch.Tensor], batch: int) -> harness.Run:
     return run
 
 
+def attributing(model, ids: dict[int, torch.Tensor]) -> harness.Run:
+    """``attribution_patch`` of every value the model serves a gradient for (probed on a short prompt), the prompt
+    against itself reversed."""
+    probe = ids[TRACED]
+    values = []
+    for value in ESTIMATED:
+        try:
+            attribution_patch(model, probe, probe.flip(1), values=[value])
+            values.append(value)
+        except Unavailable:
+            continue
+
+    def run(n: int) -> None:
+        attribution_patch(model, ids[n], ids[n].flip(1), values=values)
+
+    return run
+
+
 def tracing(model, ids: dict[int, torch.Tensor], batch: int) -> harness.Run:
     """``causal_trace`` of the stream at every layer x position, ``batch`` rows per forward."""
 
@@ -97,6 +120,7 @@ def measure(name: str, parsed: argparse.Namespace) -> dict[tuple[str, int], floa
         "full": (mixing(model, ids, heads=FULL_HEADS.get(name)), full),
         "rows64": (mixing(model, ids, slice(-64, None)), rows64),
         "knockout": (knocking(model, ids, parsed.batch), parsed.knockout_length),
+        "attribution": (attributing(model, ids), parsed.knockout_length),
         "traced": (tracing(model, ids, parsed.batch), TRACED),
     }
     times: dict[tuple[str, int], float] = {}
@@ -125,6 +149,7 @@ def report(name: str, times: dict[tuple[str, int], float], batch: int) -> None:
             "full": "token_mixing() whole" + (" (64 channels)" if name in FULL_HEADS else ""),
             "rows64": "token_mixing(positions=-64:)",
             "knockout": f"knockout of {KNOCKED} positions, {batch} per forward",
+            "attribution": "attribution_patch of every value with a gradient",
         }[run]
         print(f"  {n:>5} tokens: plain {plain:7.3f}; {label} {seconds:8.3f} ({seconds / plain:6.2f}x plain)")
 

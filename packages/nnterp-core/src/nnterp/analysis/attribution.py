@@ -51,13 +51,20 @@ class Estimate(NamedTuple):
 
 
 def answer_log_probability(answer: int) -> Callable[[Tensor], Tensor]:
-    """The metric ``attribution_patch`` uses by default: the log-probability of ``answer`` at the last position."""
+    """A metric for ``attribution_patch``: the log-probability of ``answer`` at the last position."""
 
     def metric(logits: Tensor) -> Tensor:
         last = logits[:, -1]
         return last.to(torch.promote_types(last.dtype, torch.float32)).log_softmax(-1)[:, answer].sum()
 
     return metric
+
+
+def top_log_probability(logits: Tensor) -> Tensor:
+    """``attribution_patch``'s default metric: the log-probability of the run's own most likely next token."""
+    last = logits[:, -1]
+    last = last.to(torch.promote_types(last.dtype, torch.float32))
+    return last.log_softmax(-1).gather(-1, last.detach().argmax(-1, keepdim=True)).sum()
 
 
 def attribution_patch(
@@ -99,10 +106,7 @@ def attribution_patch(
         raise Unavailable(
             f"attribution_patch: no chosen block serves {', '.join(missing)}; model.support() lists what each has"
         )
-    if metric is None:
-        with torch.no_grad(), model.trace(clean_ids):
-            top = model.logits[0, -1].argmax().save()
-        metric = answer_log_probability(int(top))
+    metric = metric or top_log_probability
 
     corrupted: list[Tensor] = []
     with torch.no_grad(), model.trace(corrupt_ids):
