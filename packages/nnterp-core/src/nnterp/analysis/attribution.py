@@ -28,7 +28,7 @@ from nnsight.intervention.interleaver import OutOfOrderError
 from torch import Tensor
 
 from ..descriptor import Unavailable
-from .blocks import token_ids, within
+from .blocks import block_indices, known, token_ids
 
 #: What ``attribution_patch`` estimates, in the order a block's forward makes them, and how many trailing axes each
 #: estimate sums over (the width a patch moves together).
@@ -93,12 +93,8 @@ def attribution_patch(
             f"attribution_patch: the clean prompt has {clean_ids.shape[1]} tokens and the corrupt one "
             f"{corrupt_ids.shape[1]}; patching moves a value between the same positions, so give prompts as long"
         )
-    values = tuple(values)
-    unknown = [value for value in values if value not in ESTIMATED]
-    if unknown or not values:
-        raise ValueError(f"attribution_patch estimates {', '.join(ESTIMATED)}; not {unknown or 'nothing'}")
-    count = len(model.layers)
-    chosen = sorted({layer % count for layer in within(layers or range(count), count, "layers", "blocks")})
+    values = known(values, ESTIMATED, "attribution_patch estimates")
+    chosen = block_indices(model, layers)
     places = [(layer, value, _owner(model, layer, value)) for layer in chosen for value in ESTIMATED if value in values]
     places = [(layer, value, owner) for layer, value, owner in places if owner is not None]
     missing = [value for value in values if not any(place[1] == value for place in places)]

@@ -50,6 +50,31 @@ def mixers(model: Any, layers: Iterable[int] | None = None) -> list[Mixers]:
     return found
 
 
+def block_indices(model: Any, layers: Iterable[int] | None) -> list[int]:
+    """The blocks ``layers`` picks (default: every block), sorted and counted from the start.
+
+    Raises:
+        IndexError: a layer outside ``model.layers``.
+    """
+    count = len(model.layers)
+    return sorted(
+        {layer % count for layer in within(range(count) if layers is None else layers, count, "layers", "blocks")}
+    )
+
+
+def known(names: Iterable[str], allowed: Iterable[str], does: str) -> tuple[str, ...]:
+    """``names`` as a tuple, each one of ``allowed``; ``does`` says what the analysis does with them.
+
+    Raises:
+        ValueError: no names, or one not allowed: ``causal_trace restores layer_output, ...; not ['residual']``.
+    """
+    names, allowed = tuple(names), tuple(allowed)
+    unknown = [name for name in names if name not in allowed]
+    if unknown or not names:
+        raise ValueError(f"{does} {', '.join(allowed)}; not {unknown or 'nothing'}")
+    return names
+
+
 def within(indices: Iterable[int], count: int, name: str, unit: str) -> list[int]:
     """``indices`` as a list, each checked to index one of ``count`` ``unit`` (negative ones counting back).
 

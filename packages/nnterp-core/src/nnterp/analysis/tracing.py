@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..descriptor import Unavailable
-from .blocks import token_ids, within
+from .blocks import block_indices, known, token_ids, within
 
 #: What ``causal_trace`` restores, by name (see the module).
 RESTORED = ("layer_output", "attention_output", "mlp_output", "state")
@@ -113,12 +113,8 @@ def causal_trace(
     ids = token_ids(model, prompt)
     seq = ids.shape[1]
     positions = _subject_positions(model, prompt, subject, seq)
-    values = tuple(values)
-    unknown = [value for value in values if value not in RESTORED]
-    if unknown or not values:
-        raise ValueError(f"causal_trace restores {', '.join(RESTORED)}; not {unknown or 'nothing'}")
-    count = len(model.layers)
-    chosen = sorted({layer % count for layer in within(layers or range(count), count, "layers", "blocks")})
+    values = known(values, RESTORED, "causal_trace restores")
+    chosen = block_indices(model, layers)
     places = {value: [_place(model, layer, value) for layer in chosen] for value in values}
     embeddings = model._module.get_input_embeddings().weight
     scale = NOISE_STDS * embeddings.float().std().item() if noise is None else noise
