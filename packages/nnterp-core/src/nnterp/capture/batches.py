@@ -17,7 +17,7 @@ import nnsight
 import torch
 from torch import Tensor
 
-from .values import HEAD_AXES, TOKEN_AXES, Read, _index
+from .values import HEAD_AXES, TOKEN_AXES, Read, indexer
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def rows(read: Read, picks: tuple[Tensor, Tensor], batch: Batch) -> dict[str, Te
         axis = next(dims.index(axis) for axis in HEAD_AXES if axis in dims)
         if "heads" not in options:
             index = [slice(None)] * tensor.dim()
-            index[axis] = _index(value.heads)
+            index[axis] = indexer(value.heads)
             tensor = tensor[tuple(index)]
         if isinstance(value.heads, int):
             dims.pop(axis)

@@ -270,7 +270,7 @@ def _check_selection(read: Read) -> None:
         axis = next(axis for axis in HEAD_AXES if axis in dims)
         count = axis_size(read.owner, axis)
         try:
-            torch.arange(count)[_index(value.heads)]
+            torch.arange(count)[indexer(value.heads)]
         except IndexError:
             raise CaptureError(
                 f"{value.name}: heads={value.heads!r} reaches outside its {count} {axis} (0 to {count - 1})"
@@ -293,7 +293,8 @@ def _check_selection(read: Read) -> None:
         )
 
 
-def _index(selection: Any) -> Any:
+def indexer(selection: Any) -> Any:
+    """A ``heads=`` or ``positions=`` selection as torch indexing takes it (a tuple would index several axes)."""
     return list(selection) if isinstance(selection, (list, tuple, range)) else selection
 
 
