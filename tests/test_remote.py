@@ -96,6 +96,14 @@ class Capture(Backend):
     def __call__(self, tracer) -> None:
         self.blob = self.remote._serialize(tracer)
 
+    def payload(self) -> bytes:
+        """The request's pickle, decompressed as the server reads it."""
+        if not self.remote.compress:
+            return self.blob
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompress(self.blob)
+
 
 def read(model: StandardizedTransformer, owner: str, value: str, layer: int, backend: Backend | None = None):
     block = model.layers[layer]
@@ -200,11 +208,7 @@ def test_auto_ships_by_value_unless_the_server_has_our_packages_at_our_versions(
     model = StandardizedTransformer(save_tiny("llama", str(tmp_path / "llama")))
     capture = Capture(model)
     read(model, "", "layer_output", 0, capture)
-    payload = capture.blob
-    if capture.remote.compress:
-        import zstandard
-
-        payload = zstandard.ZstdDecompressor().decompress(payload)
+    payload = capture.payload()
     assert (b"def shipped" in payload) == carried, (
         "the request carried nnterp by value" if not carried else "it did not"
     )
@@ -217,10 +221,6 @@ def test_a_request_names_the_plain_deployment_and_carries_no_nnterp_source(tmp_p
     assert plain_class is TransformersModel
     capture = Capture(model)
     read(model, "self_attn", "attention_probabilities", 0, capture)
-    payload = capture.blob
-    if capture.remote.compress:
-        import zstandard
-
-        payload = zstandard.ZstdDecompressor().decompress(payload)
+    payload = capture.payload()
     assert b"nnterp.transformer" in payload, "the wrapper's class is not named for the server to import"
     assert b"def layer_output" not in payload and b"EProperty(" not in payload, "nnterp's source was shipped"

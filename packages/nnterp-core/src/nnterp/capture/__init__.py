@@ -105,17 +105,20 @@ def capture(
 
 
 def _run(model, reads: list[Read], store: Store, groups, pad: int, shard_mib: float, progress: bool) -> None:
-    start = store.next_sequence
+    first = store.next_sequence
     pending: list[tuple[Batch, dict]] = []
-    shard_bytes = shard_mib * 2**20
+    pending_bytes, shard_bytes = 0, shard_mib * 2**20
     with tqdm(desc="capture", unit="tok", unit_scale=True, disable=not progress) as bar:
         for group in groups:
-            batch = _batch(group, start + sum(len(batch.lengths) for batch, _ in pending), pad)
-            pending.append((batch, run(model, reads, batch)))
+            batch = _batch(group, first, pad)
+            first += len(group)
+            results = run(model, reads, batch)
+            pending.append((batch, results))
+            pending_bytes += _size(results)
             bar.update(int(batch.lengths.sum()))
-            if sum(_size(results) for _, results in pending) >= shard_bytes:
-                start = _flush(store, reads, pending)
-                pending = []
+            if pending_bytes >= shard_bytes:
+                _flush(store, reads, pending)
+                pending, pending_bytes = [], 0
         if pending:
             _flush(store, reads, pending)
 
@@ -132,8 +135,8 @@ def _size(results: dict[str, dict[str, torch.Tensor]]) -> int:
     return sum(part.nbytes for parts in results.values() for part in parts.values())
 
 
-def _flush(store: Store, reads: list[Read], pending: list[tuple[Batch, dict]]) -> int:
-    """Hand the pending batches to the writer as one shard; returns the first sequence after it."""
+def _flush(store: Store, reads: list[Read], pending: list[tuple[Batch, dict]]) -> None:
+    """Hand the pending batches to the writer as one shard."""
     tensors: dict[str, torch.Tensor] = {}
     masks = [torch.arange(batch.input_ids.shape[1]) < batch.lengths[:, None] for batch, _ in pending]
     tensors["tokens"] = torch.cat([batch.input_ids[mask] for (batch, _), mask in zip(pending, masks, strict=True)])
@@ -149,7 +152,6 @@ def _flush(store: Store, reads: list[Read], pending: list[tuple[Batch, dict]]) -
     first, last = pending[0][0], pending[-1][0]
     span = (int(first.sequences[0]), int(last.sequences[-1]) + 1)
     store.write(tensors, span, {read.value.key: _describe(read, tensors[read.value.key]) for read in reads})
-    return span[1]
 
 
 def _describe(read: Read, data: torch.Tensor) -> dict[str, Any]:

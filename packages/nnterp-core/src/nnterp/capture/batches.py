@@ -131,6 +131,5 @@ def rows(read: Read, picks: tuple[Tensor, Tensor], batch: Batch) -> dict[str, Te
         tensor, kept["indices"] = tensor.topk(value.k, dim=-1)
     if value.dtype is not None:
         tensor = tensor.to(value.dtype)
-    kept["data"] = tensor.contiguous().cpu()
-    kept = {name: part.cpu() for name, part in kept.items()}
-    return kept
+    kept["data"] = tensor.contiguous()
+    return {name: part.cpu() for name, part in kept.items()}

@@ -88,8 +88,7 @@ class Store:
 
     def finish(self) -> None:
         """Wait for every queued shard, then mark the capture complete."""
-        self._queue.put(None)
-        self._thread.join()
+        self.abandon()
         self.raise_failure()
         self.manifest["complete"] = True
         self._save_manifest()
