@@ -170,8 +170,10 @@ def _restored_run(model, ids, corrupt, places, clean_of, batch, answer) -> Tenso
                     owner.set_state_after(position, state)
             else:
                 rows, at = zip(*restored, strict=True)
-                current = getattr(owner, name)
+                # assigned, not edited in place: the write is checked against the value's layout and reaches the model
+                current = getattr(owner, name).clone()
                 current[list(rows), list(at)] = clean[0, list(at)].to(current)
+                setattr(owner, name, current)
         read.append(model.logits[:, -1].float().softmax(-1)[:, answer].save())
     return read[0]
 
