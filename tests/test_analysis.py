@@ -11,6 +11,7 @@ import torch
 from nnterp import REGISTRY, route_kernels
 from nnterp.analysis import knock_out, knockout, mixed, patch_state
 from nnterp.analysis.blocks import mixers
+from nnterp.analysis.continuation import continuation_inputs, continue_mixers, expanded, run_in_segments
 from nnterp.testing import PROMPT, blocks_with, mild_decays, tiny_standardized
 from nnterp_deltanet.testing import reference_delta_rule
 
@@ -76,6 +77,78 @@ def test_knockout_batches_as_it_runs_one_at_a_time(model):
     together = knockout(model, PROMPT, positions, batch_size=3)
     alone = knockout(model, PROMPT, positions, batch_size=1)
     torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-5)
+
+
+def test_knockout_sharing_the_start_equals_knocking_out_in_whole_runs(model):
+    """Rows continue from the cache of the tokens before their first knocked one; each equals a run of the whole
+    prompt knocking out its token, in any order of positions and across runs of rows with different starts."""
+    positions = [9, 2, 14, 5, 11]
+    seq = len(model.tokenizer(PROMPT).input_ids)
+    shared = knockout(model, PROMPT, positions, metric=whole, batch_size=2)
+    read: list = []
+    with model.trace(PROMPT):
+        read.append(model.logits.save())
+    for position in positions:
+        with model.trace(PROMPT):
+            knock_out(model, [position])
+            read.append(model.logits.save())
+    clean, *knocked = read
+    assert shared.shape == (len(positions), seq, model.vocab_size)
+    for change, alone, position in zip(shared, knocked, positions, strict=True):
+        torch.testing.assert_close(change, (alone - clean)[0].float(), rtol=1e-4, atol=1e-5, msg=f"position {position}")
+        assert change[position + 1 :].abs().max() > 1e-6, f"knocking out {position} changed no later token"
+
+
+def test_a_prompt_run_in_segments_and_continued_equals_the_whole_prompt(model):
+    """A prompt run in calls continuing from the cache the last one left gives the whole run's logits, and the cache
+    kept at a start, copied to several rows, continues the rest as the whole run does: a Mamba-1 scan, which starts
+    from zeros, is told what it continues from."""
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    split, every = 7, mixers(model)
+    read: list = []
+    with model.trace(ids):
+        read.append(model.logits.save())
+    whole_run = read[0]
+    segments = run_in_segments(model, ids, [3, split], every)
+    torch.testing.assert_close(segments.logits, whole_run, rtol=1e-4, atol=1e-5)
+    prefix = segments.prefixes[split]
+    cache = expanded(prefix.cache, 2)
+    with model.trace(ids[:, split:].expand(2, -1), **continuation_inputs(model, cache, every, 2, ids.shape[1])):
+        for block in every:
+            continue_mixers(prefix, [block], 2)
+        read.append(model.logits.save())
+    continued = read[-1]
+    torch.testing.assert_close(continued, whole_run[:, split:].expand(2, -1, -1), rtol=1e-4, atol=1e-5)
+    # the kept cache is left as it was: a second continuation from it is the same run
+    again = expanded(prefix.cache, 1)
+    with model.trace(ids[:, split:], **continuation_inputs(model, again, every, 1, ids.shape[1])):
+        for block in every:
+            continue_mixers(prefix, [block], 1)
+        read.append(model.logits.save())
+    torch.testing.assert_close(read[-1], continued[:1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_continuation_runs_a_chunk_scan_in_chunks_that_fit_it():
+    """A Mamba-2 built with 64-token chunks continues a 13-token suffix in 16-token chunks, not padded to 64, with
+    the knockout a whole run gives; every chunk size is restored after."""
+    model = mild_decays(tiny_standardized("mamba2", chunk_size=64))
+    scans = [block.recurrent._module for block in mixers(model)]
+    seen: list[int] = []
+    hooks = [scan.register_forward_pre_hook(lambda scan, _: seen.append(scan.chunk_size)) for scan in scans]
+    try:
+        shared = knockout(model, PROMPT, [5], metric=whole)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    read: list = []
+    for knocked in (False, True):
+        with model.trace(PROMPT):
+            if knocked:
+                knock_out(model, [5])
+            read.append(model.logits.save())
+    torch.testing.assert_close(shared[0], (read[1] - read[0])[0].float(), rtol=1e-4, atol=1e-5)
+    assert 16 in seen, f"the 13-token continuation ran in chunks of {sorted(set(seen))}"
+    assert [scan.chunk_size for scan in scans] == [64] * len(scans), "a chunk size was left fitted"
 
 
 def test_a_recurrent_knockout_is_the_recurrence_without_the_tokens_write(model):

@@ -143,11 +143,6 @@ class LightningAttention(RecurrentMixer):
     # -- the declaration: places in the forward, no kernel call -----------------------------------
 
     @classmethod
-    def prompt_continues_from_cache(cls) -> bool:
-        """A call of several tokens over a cache runs token by token from the cache's state."""
-        return True
-
-    @classmethod
     def calls(cls) -> tuple:
         """No kernel calls: the forward computes inline, so ``route_kernels`` has nothing to bind for it."""
         return ()

@@ -20,7 +20,7 @@ from nnterp.order import standard_path
 from nnterp.positions import Positions
 
 from .mixing import selective_scan_mixing, selective_scan_readout
-from .trajectory import selective_scan_states
+from .trajectory import entering_contribution, selective_scan_states
 
 NO_FINAL_STATE = (
     "this prompt ran without a cache (use_cache=False), so the scan returns no final state; trace with "
@@ -310,6 +310,19 @@ class SelectiveScan(RecurrentMixer):
             softplus=bool(self.argument("dt_softplus")),
             dtype=dtype,
         )
+
+    def entering_contribution(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What entering this prompt's scan with ``state`` adds: ``C_t . h_t`` to each ``y_t`` ([batch, seq,
+        channels]) and ``h`` decayed over the call to the final state (``trajectory.entering_contribution``)."""
+        outputs, final = entering_contribution(
+            self.argument("dt"),
+            self.argument("A"),
+            self.argument("C"),
+            state,
+            dt_bias=self.argument("dt_bias"),
+            softplus=bool(self.argument("dt_softplus")),
+        )
+        return outputs.transpose(1, 2), final
 
     # -- token mixing ----------------------------------------------------------------------
 

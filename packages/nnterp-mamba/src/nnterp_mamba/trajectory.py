@@ -138,3 +138,41 @@ class _SelectiveScan(ChunkedRecurrence):
             )
 
         return advance
+
+
+def entering_contribution(
+    dt: Tensor,
+    A: Tensor,
+    C: Tensor,
+    state: Tensor,
+    *,
+    dt_bias: Tensor | None = None,
+    softplus: bool = True,
+    block: int = 64,
+) -> tuple[Tensor, Tensor]:
+    """What entering a scan call with ``state`` adds to it: ``(C_t . h_t per token [batch, channels, seq], h_last)``.
+
+    The scan is linear in the state it starts from: entered with ``state``
+    instead of zeros, every state gains ``h_t = exp(A * (dt_1 + ... + dt_t)) *
+    state``, which the decays alone carry (no token writes into it), and
+    every output gains its readout ``C_t . h_t`` (``D x`` and the gate are the
+    call's own). The arguments are the scan's, as ``selective_scan_states``
+    takes them, with ``C`` ``[batch, state_dim, seq]`` and ``state``
+    ``[batch, channels, state_dim]``. Computed in float32 ``block`` tokens at
+    a time, so the decayed states ``[batch, channels, block, state_dim]``
+    never exceed a block. Rows that repeat the first (a prompt repeated, as
+    ``knockout`` repeats it, in the blocks before the knocked tokens differ)
+    are computed once.
+    """
+    rows = dt.shape[0]
+    if rows > 1 and all(torch.equal(tensor, tensor[:1].expand_as(tensor)) for tensor in (dt, C, state)):
+        outputs, final = entering_contribution(dt[:1], A, C[:1], state[:1], dt_bias=dt_bias, softplus=softplus)
+        return outputs.expand(rows, -1, -1), final.expand(rows, -1, -1)
+    elapsed = step_sizes(dt, dt_bias, softplus).cumsum(-1)  # [batch, channels, seq]
+    rate, entering = A.float()[:, None, :], state.float()[:, :, None, :]  # [channels, 1, n], [batch, channels, 1, n]
+    readouts = []
+    for start in range(0, elapsed.shape[-1], block):
+        decayed = torch.exp(elapsed[..., start : start + block, None] * rate) * entering
+        readouts.append(torch.einsum("bctn,bnt->bct", decayed, C[..., start : start + block].float()))
+    final = torch.exp(elapsed[..., -1, None] * A.float()) * state.float()
+    return torch.cat(readouts, dim=-1), final

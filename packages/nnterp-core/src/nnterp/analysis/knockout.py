@@ -20,7 +20,16 @@ from typing import Any
 
 import torch
 
-from .blocks import mixers, token_ids, within
+from ..components.per_token import ChunkBoundaries
+from .blocks import Mixers, mixers, token_ids, within
+from .continuation import (
+    Prefix,
+    continuation_inputs,
+    continue_mixers,
+    continues_several_tokens,
+    expanded,
+    run_in_segments,
+)
 
 #: What ``knockout`` compares by default: the logits at the last position, ``[rows, vocab_size]``.
 Metric = Callable[[torch.Tensor], torch.Tensor]
@@ -31,7 +40,9 @@ def last_logits(logits: torch.Tensor) -> torch.Tensor:
     return logits[:, -1].float()
 
 
-def knock_out(model: Any, positions: Sequence[int] | torch.Tensor, layers: Iterable[int] | None = None) -> None:
+def knock_out(
+    model: Any, positions: Sequence[int] | torch.Tensor, layers: Iterable[int] | None = None, start: int = 0
+) -> None:
     """Inside a trace: in row ``b`` of the batch, remove token ``positions[b]`` from what later tokens read.
 
     Zeroes that token's key at each chosen block's recurrent mixer
@@ -44,6 +55,9 @@ def knock_out(model: Any, positions: Sequence[int] | torch.Tensor, layers: Itera
     every step (``for _ in tracer.iter[:]``): a recurrent mixer's decode step
     already continues from the state without the token, and an attention's
     decode step reads the knocked key from the cache, so it masks it again.
+    In a run continuing a prompt from the cache its first ``start`` tokens
+    left, ``positions`` still count from the prompt's start, each at or after
+    ``start``.
 
     Raises:
         ValueError: ``positions`` does not have one entry per row.
@@ -54,7 +68,7 @@ def knock_out(model: Any, positions: Sequence[int] | torch.Tensor, layers: Itera
     chosen = torch.as_tensor(positions).reshape(-1)
     for block in mixers(model, layers):
         if block.recurrent is not None and not block.recurrent.decoding():
-            block.recurrent.knock_out(chosen)
+            block.recurrent.knock_out(chosen - start)
         if block.attention is not None:
             scores = block.attention.attention_scores
             knocked_tokens(chosen, scores, f"layers[{block.layer}].attention_scores")
@@ -93,30 +107,99 @@ def knockout(
 ) -> torch.Tensor:
     """How knocking out each of ``positions`` changes ``metric``: ``[positions, ...metric's axes]``.
 
-    One run of the prompt as it is, then the prompt repeated once per
-    knocked position, ``batch_size`` rows per run, each row knocking out its
-    own position in the blocks ``layers`` (``knock_out``). ``metric`` reduces
-    a run's logits ``[rows, seq, vocab_size]`` to what is compared (default:
-    the last position's logits), inside the trace, on the model's device, so
-    the full logits of every row are never kept. With ``max_new_tokens``, each
-    run is a greedy ``generate`` knocking out on every step, and ``metric``
-    gets each step's next-token logits, ``[rows, max_new_tokens,
-    vocab_size]``. The result is ``metric(knocked) - metric(as it is)``,
-    float32.
+    One run of the prompt as it is, then the prompt once per knocked
+    position, ``batch_size`` rows per run, each row knocking out its own
+    position in the blocks ``layers`` (``knock_out``). ``metric`` reduces a
+    run's logits ``[rows, seq, vocab_size]`` to what is compared (default: the
+    last position's logits), inside the trace, on the model's device, so the
+    full logits of every row are never kept. The result is
+    ``metric(knocked) - metric(as it is)``, float32.
+
+    Nothing before a knocked token changes, so the rows share the prompt's
+    start: the knocked positions are taken in order, and each run of rows
+    continues from the cache one run of the tokens before its first knocked
+    position left (``continuation``), the logits before it being the
+    prompt's own. Where a model cannot continue a prompt from its cache, each
+    row runs the whole prompt.
+
+    With ``max_new_tokens``, each run is a greedy ``generate`` over the whole
+    prompt, knocking out on every step, and ``metric`` gets each step's
+    next-token logits, ``[rows, max_new_tokens, vocab_size]``.
     """
     ids = token_ids(model, prompt)
     seq = ids.shape[1]
     knocked = [position % seq for position in within(positions, seq, "positions", "tokens of the prompt")]
     layers = None if layers is None else [block.layer for block in mixers(model, layers)]
+    shared = None
+    if not max_new_tokens and continues_several_tokens(mixers(model)):
+        shared = _knockout_sharing_the_start(model, ids, knocked, layers, metric, batch_size)
+    if shared is not None:
+        return shared
     clean = metric_of_run(model, ids, metric, max_new_tokens, lambda: None)
-    changes = []
-    for start in range(0, len(knocked), batch_size):
-        rows = knocked[start : start + batch_size]
-        knocked_run = metric_of_run(
-            model, ids.expand(len(rows), -1), metric, max_new_tokens, lambda rows=rows: knock_out(model, rows, layers)
-        )
-        changes.append(knocked_run - clean)
-    return torch.cat(changes).detach()
+    runs = [knocked[start : start + batch_size] for start in range(0, len(knocked), batch_size)]
+    return torch.cat([_knocked_run(model, ids, rows, layers, metric, max_new_tokens) - clean for rows in runs]).detach()
+
+
+def _knockout_sharing_the_start(
+    model: Any, ids: torch.Tensor, knocked: list[int], layers: list[int] | None, metric: Metric, batch_size: int
+) -> torch.Tensor | None:
+    """``knockout``'s prompt runs, each continuing from the cache its rows' shared start left; ``None`` where the
+    model's cache cannot be continued (``run_in_segments``)."""
+    every = mixers(model)
+    order = sorted(range(len(knocked)), key=knocked.__getitem__)
+    runs = [order[first : first + batch_size] for first in range(0, len(order), batch_size)]
+    starts = sorted({knocked[run[0]] for run in runs} - {0})
+    segments = run_in_segments(model, ids, starts, every)
+    if segments is None:
+        return None
+    clean = metric(segments.logits).float()
+    changes: dict[int, torch.Tensor] = {}
+    for run in runs:
+        rows = [knocked[index] for index in run]
+        prefix = segments.prefixes.get(rows[0])
+        if prefix is None:
+            changed = _knocked_run(model, ids, rows, layers, metric)
+        else:
+            changed = _continued_knocked_run(model, ids, rows, layers, metric, prefix, every, segments.logits)
+        changes.update(zip(run, changed - clean, strict=True))
+    return torch.stack([changes[index] for index in range(len(knocked))]).detach()
+
+
+def _knocked_run(
+    model: Any, ids: torch.Tensor, rows: list[int], layers: list[int] | None, metric: Metric, max_new_tokens: int = 0
+) -> torch.Tensor:
+    """``metric`` of a run of the whole prompt once per row, each knocking out its own position (``metric_of_run``)."""
+    return metric_of_run(
+        model, ids.expand(len(rows), -1), metric, max_new_tokens, lambda: knock_out(model, rows, layers)
+    )
+
+
+def _continued_knocked_run(
+    model: Any,
+    ids: torch.Tensor,
+    rows: list[int],
+    layers: list[int] | None,
+    metric: Metric,
+    prefix: Prefix,
+    every: list[Mixers],
+    clean_logits: torch.Tensor,
+) -> torch.Tensor:
+    """``metric`` of the prompt's tokens from ``prefix.length`` on, once per row from a copy of the prefix's cache,
+    each row knocking out its own position, with the prompt's own logits before them."""
+    start, seq = prefix.length, ids.shape[1]
+    knocked_layers = {block.layer for block in mixers(model, layers)}
+    inputs = continuation_inputs(model, expanded(prefix.cache, len(rows)), every, len(rows), seq)
+    read: list[torch.Tensor] = []
+    recurrent = [block.recurrent for block in every if block.recurrent is not None]
+    with ChunkBoundaries.fitted(recurrent, seq - start), model.trace(ids[:, start:].expand(len(rows), -1), **inputs):
+        # block by block, in forward order: a knocked key is an argument of the call it continues
+        for block in every:
+            if block.layer in knocked_layers:
+                knock_out(model, rows, [block.layer], start=start)
+            continue_mixers(prefix, [block], len(rows))
+        before = clean_logits[:, :start].expand(len(rows), -1, -1)
+        read.append(metric(torch.cat([before.to(model.logits.device), model.logits], dim=1)).float().save())
+    return read[0]
 
 
 def metric_of_run(

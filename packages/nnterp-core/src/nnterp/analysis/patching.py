@@ -16,16 +16,23 @@ token at a time, as ``generate`` does.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import nnsight
 import torch
 
-from ..components.call_site import CACHE_ARGUMENTS
 from ..descriptor import Unavailable
 from .blocks import Mixers, mixers, token_ids, within
+from .continuation import (
+    Prefix,
+    cache_argument,
+    continuation_inputs,
+    continue_mixers,
+    continues_several_tokens,
+    counts_every_token,
+    returned_cache,
+)
 from .knockout import Metric, last_logits, metric_of_run
 
 
@@ -123,52 +130,55 @@ def _continued(
     ``blocks`` (``every`` holds all the model's blocks); with ``max_new_tokens``, the next token's logits at each of
     that many greedy steps, ``[1, max_new_tokens, vocab_size]``."""
     split = position + 1
-    name = _cache_argument(model)
+    patched = {block.layer for block in blocks}
     logits: list[torch.Tensor] = []
+    entering: dict[int, torch.Tensor] = {}
     with model.trace(ids[:, :split], use_cache=True):
-        for block in blocks:
+        for block in every:
             mixer = block.recurrent
-            if mixer is not None:
+            if mixer is None or not (block.layer in patched or type(mixer).prompt_starts_from_zeros()):
+                continue
+            # computed from the call's arguments: state_output itself comes after the head outputs are written
+            state = mixer.trajectory(positions=-1)
+            if block.layer in patched:
                 outputs = mixer.attention_head_outputs
-                # computed from the call's arguments: state_output itself comes after the head outputs are written
-                own = mixer.trajectory(positions=-1)
-                state = own.clone()
-                state[:, heads] = carried[block.layer].state.to(own)[:, heads]
+                state = state.clone()
+                state[:, heads] = carried[block.layer].state.to(state)[:, heads]
                 # token t reads the state after itself: its output is the patched state's answer
                 answered = outputs.clone()
                 answered[:, -1] = mixer.read_state(state, positions=-1).to(outputs)
                 mixer.attention_head_outputs = answered
                 mixer.state_output = state
+            if type(mixer).prompt_starts_from_zeros():
+                # what a continuation of several tokens is told it continues from
+                entering[block.layer] = state.save()
         logits.append(model.logits.save())
-        cache = nnsight.save(_cache(name, model.output))
-    seq = ids.shape[1]
-    # every mixer of the model runs the continuation, patched or not
-    steps = [slice(split, seq)] if _continues_several_tokens(every) else [slice(t, t + 1) for t in range(split, seq)]
-    steps = [step for step in steps if step.start < step.stop]
-    # nnsight masks only the tokens it is given; over a cache an attention's mask must cover the cached ones too,
-    # while a Mamba's forward masks its input with it and wants the given tokens' only
-    attends = any(block.attention is not None for block in every)
-    counted = cache.get_seq_length() if attends and hasattr(cache, "get_seq_length") else split
-    if int(counted) != split:
+        cache = nnsight.save(returned_cache(cache_argument(model), model.output))
+    prefix = Prefix(split, cache, entering)
+    if not counts_every_token(prefix, every):
         raise Unavailable(
-            f"patch_state: {type(cache).__name__} counts {int(counted)} of the {split} tokens it holds (it counts at "
-            f"a block that keeps no keys, such as MiniMax's lightning blocks), so the attention blocks' continuation "
-            f"would be masked short; patch a model whose first block is an attention, or write "
+            f"patch_state: {type(cache).__name__} counts {int(cache.get_seq_length())} of the {split} tokens it holds "
+            f"(it counts at a block that keeps no keys, such as MiniMax's lightning blocks), so the attention blocks' "
+            f"continuation would be masked short; patch a model whose first block is an attention, or write "
             f"set_state_after(t, value) with the source's state_after(t) in one run"
         )
+    seq = ids.shape[1]
+    # every mixer of the model runs the continuation, patched or not
+    steps = [slice(split, seq)] if continues_several_tokens(every) else [slice(t, t + 1) for t in range(split, seq)]
+    steps = [step for step in steps if step.start < step.stop]
     for step in steps + [None] * max(max_new_tokens - 1, 0):
         tokens = ids[:, step] if step is not None else _next_token(model, logits[-1])
         seen = sum(part.shape[1] for part in logits) + tokens.shape[1]
-        mask = {"attention_mask": torch.ones(1, seen, dtype=torch.long)} if attends else {}
-        with model.trace(tokens, use_cache=True, **mask, **{name: cache}):
-            for block in blocks:
-                if block.attention is not None:
+        with model.trace(tokens, **continuation_inputs(model, cache, every, 1, seen)):
+            for block in every:
+                continue_mixers(prefix, [block], 1)
+                if block.attention is not None and block.layer in patched:
                     source = carried[block.layer]
                     for value, patch in (("attention_keys", source.keys), ("attention_values", source.values)):
                         own = getattr(block.attention, value)
-                        patched = own.clone()
-                        patched[:, :, :split] = patch.to(own)
-                        setattr(block.attention, value, patched)
+                        replaced = own.clone()
+                        replaced[:, :, :split] = patch.to(own)
+                        setattr(block.attention, value, replaced)
             logits.append(model.logits.save())
     logits = torch.cat(logits, dim=1)
     # as generate computes them: the next token's logits at each step
@@ -182,21 +192,3 @@ def _next_token(model: Any, logits: torch.Tensor) -> torch.Tensor:
     if eos is not None:
         last[..., torch.as_tensor(eos).reshape(-1)] = float("-inf")
     return last.argmax(-1)
-
-
-def _continues_several_tokens(blocks: list[Mixers]) -> bool:
-    """Whether every recurrent mixer of ``blocks`` runs a several-token call from the cached state (Mamba-1's
-    prompt kernel starts from zeros)."""
-    return all(block.recurrent is None or type(block.recurrent).prompt_continues_from_cache() for block in blocks)
-
-
-def _cache(name: str, output: Any) -> Any:
-    """The cache a forward returned: under ``name``, the name the model's forward takes it by (older names warn on
-    5.23+), or another of ``CACHE_ARGUMENTS``."""
-    names = (name, *(other for other in CACHE_ARGUMENTS if other != name))
-    return next(getattr(output, other) for other in names if getattr(output, other, None) is not None)
-
-
-def _cache_argument(model: Any) -> str:
-    accepted = inspect.signature(model._module.forward).parameters
-    return next(name for name in CACHE_ARGUMENTS if name in accepted)

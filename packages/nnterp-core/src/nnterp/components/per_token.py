@@ -23,7 +23,8 @@ unavailable, and the test kit and the benchmarks for how to turn it on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -169,6 +170,29 @@ class ChunkBoundaries(PerToken):
             include_fn=lambda envoy: isinstance(getattr(envoy, "PER_TOKEN", None), ChunkBoundaries)
         ):
             mixer._module.chunk_size = 1 if enabled else getattr(config, type(mixer).PER_TOKEN.config)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def fitted(mixers: Iterable["RecurrentMixer"], length: int) -> Iterator[None]:
+        """While the block runs: the chunked scans among ``mixers`` take chunks no longer than a call of ``length``
+        tokens needs, then their chunk sizes are restored.
+
+        A chunk scan pads a call to a whole chunk, so a continuation shorter
+        than a chunk would pay for the whole chunk; its chunk becomes the
+        power of two that holds it (at least 16, the smallest tile of the
+        GPU kernels' matrix products). The outputs are the same up to float
+        rounding.
+        """
+        chunked = [mixer._module for mixer in mixers if isinstance(type(mixer).PER_TOKEN, ChunkBoundaries)]
+        built = [module.chunk_size for module in chunked]
+        holds = max(16, 1 << (length - 1).bit_length())
+        try:
+            for module, chunk in zip(chunked, built, strict=True):
+                module.chunk_size = min(chunk, holds)
+            yield
+        finally:
+            for module, chunk in zip(chunked, built, strict=True):
+                module.chunk_size = chunk
 
 
 #: Gated DeltaNet's strategy.

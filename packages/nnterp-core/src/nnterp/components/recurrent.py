@@ -38,7 +38,7 @@ from ..order import OrderError, standard_path
 from ..positions import Positions, select_positions
 from .call_order import CallOrder
 from .call_site import CallSite, needs_kernel_call
-from .per_call import pinned
+from .per_call import pinned, replace_per_call
 from .per_token import PerToken, needs_recurrent_routing
 from .standard import Sublayer, axis_size, contribution
 
@@ -216,10 +216,56 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         raise NotImplementedError(f"{type(self).__name__} declares no states_from_arguments")
 
     @classmethod
+    def prompt_starts_from_zeros(cls) -> bool:
+        """Whether the prompt kernel takes no entering state, so a call of several tokens over a cache starts from
+        zeros (Mamba-1's scan), not from the cached state; a kind computing in its forward reads the cache itself."""
+        return cls.PROMPT is not None and cls.PROMPT.entering_state is None
+
+    @classmethod
     def prompt_continues_from_cache(cls) -> bool:
-        """Whether a call of several tokens continues from the state a cache holds: its prompt kernel takes an
-        entering state (Mamba-1's scan starts from zeros, so a continuation runs one token at a time)."""
-        return cls.PROMPT.entering_state is not None
+        """Whether a call of several tokens can continue from the state a cache holds: its prompt kernel takes an
+        entering state, or the kind says what one adds (``entering_contribution``); otherwise a continuation runs
+        one token at a time."""
+        return (
+            not cls.prompt_starts_from_zeros() or cls.entering_contribution is not RecurrentMixer.entering_contribution
+        )
+
+    def continue_from(self, state: torch.Tensor) -> None:
+        """Inside a trace, on a prompt's call over a cache: make the call continue from ``state``, as a decode step
+        continues from the cache's.
+
+        A kernel that takes its entering state reads it from the cache, as a
+        decode step does, and this does nothing. A prompt kernel that starts from zeros
+        (``prompt_starts_from_zeros``: Mamba-1's scan) gets what ``state``
+        ([batch, ...] as ``state_output``) adds to its head outputs and to the
+        state it leaves (``entering_contribution``, a linear recurrence's
+        readout of the decayed state), and the values computed from the
+        call's arguments (``trajectory``, ``token_mixing``) start from
+        ``state``. Read the call's values after this, not before.
+
+        Raises:
+            nnterp.Unavailable: the kind's prompt kernel starts from zeros and it
+                does not say what an entering state adds.
+        """
+        if not type(self).prompt_starts_from_zeros() or self.decoding():
+            return
+        outputs, final = self.entering_contribution(state)
+        self.call_arguments()
+        replace_per_call(self, "entering_state", state)
+        self.attention_head_outputs = self.attention_head_outputs + outputs.to(self.attention_head_outputs.dtype)
+        self.state_output = self.state_output + final.to(self.state_output.dtype)
+
+    def entering_contribution(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What entering this call with ``state`` adds to its head outputs and to the state after its last token.
+
+        A kind whose prompt kernel starts from zeros declares it from the
+        call's arguments (``continue_from`` adds it), laid out as
+        ``attention_head_outputs`` and ``state_output``.
+        """
+        raise Unavailable(
+            f"{standard_path(self)}: a {type(self).__name__} prompt call starts from zeros and its kind does not say "
+            f"what a cached state adds to it; continue one token at a time"
+        )
 
     def knock_out(self, positions: torch.Tensor) -> None:
         """Take token ``positions[b]`` of each row ``b`` out of what this call's later tokens read.
