@@ -33,7 +33,8 @@ class Prefix(NamedTuple):
 
 
 class Segments(NamedTuple):
-    """A prompt run in consecutive calls (``run_in_segments``): its logits, and what each call left, by start."""
+    """A prompt run in consecutive calls (``run_in_segments``): its logits, and what each call left, by where it
+    stopped."""
 
     logits: torch.Tensor
     prefixes: dict[int, Prefix]
@@ -57,8 +58,8 @@ def run_in_segments(model: Any, ids: torch.Tensor, starts: list[int], blocks: li
     continuing from the cache the one before left; ``blocks`` are all the model's.
 
     One pass over the prompt gives its logits and the ``Prefix`` each start
-    needs, so runs continuing from many starts cost one run of the prompt
-    between them. ``None`` where the cache does not count the tokens it
+    needs (and the whole prompt's, under its length), so runs continuing
+    from many starts cost one run of the prompt between them. ``None`` where the cache does not count the tokens it
     holds (``counts_every_token``): the caller runs whole prompts instead.
     Without gradients: a cache is copied for each continuation, and torch
     copies only tensors that autograd has not recorded.
@@ -86,8 +87,8 @@ def run_in_segments(model: Any, ids: torch.Tensor, starts: list[int], blocks: li
         prefix = Prefix(stop, cache, states)
         if not counts_every_token(prefix, blocks):
             return None
-        if stop < ids.shape[1]:
-            prefixes[stop] = Prefix(stop, copy.deepcopy(cache), states)
+        # the last call's cache is kept as it is: nothing continues it here
+        prefixes[stop] = Prefix(stop, copy.deepcopy(cache) if stop < ids.shape[1] else cache, states)
     return Segments(torch.cat(logits, dim=1), prefixes)
 
 

@@ -15,19 +15,33 @@ is what the block passes on at that position:
   the stream, which is what that block carries past the token.
 
 Every (layer, position) is one row of a batch: a trace corrupts every row the same way and
-restores each row's own value, so a whole grid costs a few batched forwards.
+restores each row's own value, so a whole grid costs a few batched forwards. Before the first
+subject token every row is the clean prompt: one run of those tokens leaves a cache that each
+batch continues from (``continuation``), and a value restored there restores what the corrupted
+run already has, so those rows are the corrupted baseline without running.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from ..components.per_token import ChunkBoundaries
 from ..descriptor import Unavailable
-from .blocks import block_indices, known, token_ids, within
+from .blocks import Mixers, block_indices, known, mixers, token_ids, within
+from .continuation import (
+    Prefix,
+    continuation_inputs,
+    continue_mixers,
+    continues_several_tokens,
+    expanded,
+    run_in_segments,
+    starts_from_zeros,
+)
 
 #: What ``causal_trace`` restores, by name (see the module).
 RESTORED = ("layer_output", "attention_output", "mlp_output", "state")
@@ -120,9 +134,17 @@ def causal_trace(
     scale = NOISE_STDS * embeddings.float().std().item() if noise is None else noise
     draw = torch.randn(len(positions), embeddings.shape[1], generator=torch.Generator().manual_seed(seed)) * scale
 
+    every = mixers(model)
+    first = positions[0]
+    # a Mamba-1 state write inside a continued call would lose what the cached state adds after it
+    shares = first > 0 and continues_several_tokens(every) and not ("state" in values and starts_from_zeros(every))
+    segments = run_in_segments(model, ids[:, :first], [], every) if shares else None
+    prefix = segments.prefixes[first] if segments is not None else None
+    start = 0 if prefix is None else first
+
     def corrupt() -> None:
         embedded = model.embed_tokens.output
-        embedded[:, positions] += draw.to(embedded)
+        embedded[:, [position - start for position in positions]] += draw.to(embedded)
 
     clean_values: dict[tuple[str, int], Tensor] = {}
     probabilities: list[Tensor] = []
@@ -135,47 +157,81 @@ def causal_trace(
                     clean_values[value, layer] = _read(owner, name).save()
     clean = probabilities[0][0]
     answer = int(clean.argmax()) if answer is None else answer
-    grid = [(index, position) for index in range(len(chosen)) for position in range(seq)]
+    grid = [(index, position) for index in range(len(chosen)) for position in range(start, seq)]
     scores = torch.empty(len(values), len(chosen), seq)
     corrupted: list[Tensor] = []
+    run = _Run(model, ids, corrupt, answer, every, prefix)
     for value_index, value in enumerate(values):
         clean_of = [clean_values[value, layer] for layer in chosen]
-        for start in range(0, len(grid), batch_size):
-            batch = grid[start : start + batch_size]
-            restored = _restored_run(model, ids, corrupt, places[value], clean_of, batch, answer)
+        for first_row in range(0, len(grid), batch_size):
+            batch = grid[first_row : first_row + batch_size]
+            restored = run.restored(chosen, places[value], clean_of, batch)
             corrupted.append(restored[0])
             for (index, position), probability in zip(batch, restored[1:], strict=True):
                 scores[value_index, index, position] = probability
+    # before the first subject token the corrupted run is the clean one: restoring there changes nothing
+    scores[..., :start] = corrupted[0]
     return CausalTrace(
         scores, float(clean[answer]), float(corrupted[0]), answer, tuple(positions), values, tuple(chosen), draw
     )
 
 
-def _restored_run(model, ids, corrupt, places, clean_of, batch, answer) -> Tensor:
-    """One batched trace: row 0 corrupted, row ``1 + i`` corrupted with the value at ``batch[i]`` (the index of its
-    block in ``places``, a position) restored to ``clean_of``'s; the answer's probability in each row."""
-    read: list[Tensor] = []
-    with torch.no_grad(), model.trace(ids.expand(len(batch) + 1, -1)):
-        corrupt()
-        for index, (owner, name, kind) in enumerate(places):
-            restored = [(row + 1, position) for row, (block, position) in enumerate(batch) if block == index]
-            if not restored:
-                continue
-            clean = clean_of[index]
-            if kind == "state":
-                for position in sorted({position for _, position in restored}):
-                    rows = [row for row, at in restored if at == position]
-                    state = owner.state_after(position).clone()
-                    state[rows] = clean[:, position].to(state)
-                    owner.set_state_after(position, state)
-            else:
-                rows, at = zip(*restored, strict=True)
-                # assigned, not edited in place: the write is checked against the value's layout and reaches the model
-                current = getattr(owner, name).clone()
-                current[list(rows), list(at)] = clean[0, list(at)].to(current)
-                setattr(owner, name, current)
-        read.append(model.logits[:, -1].float().softmax(-1)[:, answer].save())
-    return read[0]
+class _Run(NamedTuple):
+    """How ``causal_trace`` runs its rows: the whole prompt, or its tokens from ``prefix`` on, continuing its cache."""
+
+    model: Any
+    ids: Tensor
+    corrupt: Any
+    answer: int
+    every: list[Mixers]
+    prefix: Prefix | None
+
+    def restored(
+        self, layers: list[int], places: list[tuple[Any, str, str]], clean_of: list[Tensor], batch: list
+    ) -> Tensor:
+        """One batched trace: row 0 corrupted, row ``1 + i`` corrupted with the value at ``batch[i]`` (the index in
+        ``layers`` of its block, whose value is at ``places``, and a position) restored to ``clean_of``'s; the
+        answer's probability in each row."""
+        model, prefix = self.model, self.prefix
+        rows = len(batch) + 1
+        start = 0 if prefix is None else prefix.length
+        inputs, fitted = {}, contextlib.nullcontext()
+        if prefix is not None:
+            inputs = continuation_inputs(model, expanded(prefix.cache, rows), self.every, rows, self.ids.shape[1])
+            fitted = ChunkBoundaries.fitted(
+                [block.recurrent for block in self.every if block.recurrent is not None], self.ids.shape[1] - start
+            )
+        read: list[Tensor] = []
+        with torch.no_grad(), fitted, model.trace(self.ids[:, start:].expand(rows, -1), **inputs):
+            self.corrupt()
+            # block by block, in forward order: a continued call is told its entering state before its values move
+            for block in self.every:
+                if prefix is not None:
+                    continue_mixers(prefix, [block], rows)
+                index = layers.index(block.layer) if block.layer in layers else None
+                restored = [(row + 1, position) for row, (at, position) in enumerate(batch) if at == index]
+                if restored:
+                    _restore(places[index], clean_of[index], restored, start)
+            read.append(model.logits[:, -1].float().softmax(-1)[:, self.answer].save())
+        return read[0]
+
+
+def _restore(place: tuple[Any, str, str], clean: Tensor, restored: list[tuple[int, int]], start: int) -> None:
+    """Inside a trace whose call starts at prompt position ``start``: put back ``clean``'s value at each (row,
+    position) of ``restored``."""
+    owner, name, kind = place
+    if kind == "state":
+        for position in sorted({position for _, position in restored}):
+            rows = [row for row, at in restored if at == position]
+            state = owner.state_after(position - start).clone()
+            state[rows] = clean[:, position].to(state)
+            owner.set_state_after(position - start, state)
+        return
+    rows, at = zip(*restored, strict=True)
+    # assigned, not edited in place: the write is checked against the value's layout and reaches the model
+    current = getattr(owner, name).clone()
+    current[list(rows), [position - start for position in at]] = clean[0, list(at)].to(current)
+    setattr(owner, name, current)
 
 
 def _place(model: Any, layer: int, value: str) -> tuple[Any, str, str]:
