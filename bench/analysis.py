@@ -15,7 +15,7 @@ transformers' default kernels. Interleaved per length, so machine noise hits the
   64 forwards and the target at most 64x);
 - attribution: ``nnterp.analysis.attribution_patch`` of every value the model serves a gradient
   for, at every position of a ``--knockout-length`` prompt, against one plain forward (the target:
-  at most 4x);
+  at most 4x), with the recurrent states after every token and without them;
 - causal trace: ``nnterp.analysis.causal_trace`` of a 10-token prompt with 3 subject tokens,
   restoring the stream at every layer x position, ``--batch`` rows per forward, against the same
   trace with each restored row run as its own forward (``batch_size=1``; the target: at most 0.6x).
@@ -35,7 +35,7 @@ from trajectory import FAMILIES, mixers
 
 from nnterp import Unavailable
 from nnterp.analysis import attribution_patch, causal_trace, knockout
-from nnterp.analysis.attribution import ESTIMATED
+from nnterp.analysis.attribution import ESTIMATED, STATES
 
 KNOCKED = 64
 #: What can be timed: the whole token mixing, its last 64 rows, knockout, causal tracing.
@@ -82,12 +82,12 @@ def knocking(model, ids: dict[int, torch.Tensor], batch: int) -> harness.Run:
     return run
 
 
-def attributing(model, ids: dict[int, torch.Tensor]) -> harness.Run:
-    """``attribution_patch`` of every value the model serves a gradient for (probed on a short prompt), the prompt
-    against itself reversed."""
+def attributing(model, ids: dict[int, torch.Tensor], states: bool = True) -> harness.Run:
+    """``attribution_patch`` of every value the model serves a gradient for (probed on a short prompt), with or
+    without the recurrent states, the prompt against itself reversed."""
     probe = ids[TRACED]
     values = []
-    for value in ESTIMATED:
+    for value in ESTIMATED if states else [value for value in ESTIMATED if value != STATES]:
         try:
             attribution_patch(model, probe, probe.flip(1), values=[value])
             values.append(value)
@@ -126,7 +126,10 @@ def measure(name: str, parsed: argparse.Namespace) -> dict[tuple[str, int], floa
     times: dict[tuple[str, int], float] = {}
     for run in parsed.runs:
         analysis, length = timed[run]
-        others = {"alone": tracing(model, ids, 1)} if run == "traced" else {}
+        others = {
+            "traced": {"alone": tracing(model, ids, 1)},
+            "attribution": {"streams": attributing(model, ids, states=False)},
+        }.get(run, {})
         times |= harness.medians({"plain": forward, **others, run: analysis}, [length], parsed.repeats)
     return times
 
@@ -135,7 +138,7 @@ def report(name: str, times: dict[tuple[str, int], float], batch: int) -> None:
     family = FAMILIES[name]
     print(f"{family.title}; {torch.get_num_threads()} thread(s), median seconds")
     for (run, n), seconds in times.items():
-        if run in ("plain", "alone"):
+        if run in ("plain", "alone", "streams"):
             continue
         if run == "traced":
             alone = times["alone", n]
@@ -152,6 +155,9 @@ def report(name: str, times: dict[tuple[str, int], float], batch: int) -> None:
             "attribution": "attribution_patch of every value with a gradient",
         }[run]
         print(f"  {n:>5} tokens: plain {plain:7.3f}; {label} {seconds:8.3f} ({seconds / plain:6.2f}x plain)")
+        if run == "attribution":
+            streams = times["streams", n]
+            print(f"  {n:>5} tokens: the same but the states {streams:8.3f} ({streams / plain:6.2f}x plain)")
 
 
 def main() -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nnterp import Unavailable
+import nnterp
+from nnterp import Unavailable, route_kernels
 from nnterp.analysis import attribution_patch
 from nnterp.analysis.attribution import answer_log_probability
 from nnterp.testing import PROMPT, mild_decays, tiny_standardized
@@ -141,3 +142,100 @@ def test_a_value_without_a_gradient_is_unavailable():
     model = tiny_standardized("mamba")  # its per-channel head outputs are computed beside the scan
     with pytest.raises(Unavailable, match=r"no gradient for layers\[\d\] linear_attn.attention_head_outputs"):
         attribution_patch(model, PROMPT, CORRUPT, values=["linear_attn.attention_head_outputs"])
+
+
+#: The step of the state derivative's central difference: one the routed kernel's float32 state arithmetic resolves.
+STEP = 1e-2
+
+
+@pytest.mark.filterwarnings(r"ignore:route_kernels\(\.\.\., 'torch'\):UserWarning")
+def test_a_state_estimate_is_the_metrics_derivative_along_the_patch():
+    """The estimate for the state after token t is the derivative of the metric as that state moves toward the
+    corrupt run's (``set_state_after`` on a routed model), at the last token and at ones whose gradient runs back
+    through the recurrence."""
+    family = nnterp.families.qwen3_5_text
+    route_kernels(family, "torch")
+    try:
+        model = mild_decays(tiny_standardized("qwen3_5_text", dtype=torch.float64))
+        estimate = attribution_patch(model, PROMPT, CORRUPT, values=["linear_attn.states"])["linear_attn.states"]
+        metric = metric_of(model)
+        assert (estimate.scores[:, :2] == 0).all(), "positions where the prompts agree moved"
+        layer = estimate.layers[0]
+        mixer = model.layers[layer].linear_attn
+        states = []
+        for prompt in (PROMPT, CORRUPT):
+            with torch.no_grad(), model.trace(prompt):
+                states.append(mixer.state_trajectory.save())
+        clean, corrupt = states
+        seq = clean.shape[1]
+        for t in (seq - 1, seq - 2, 3):
+            for head in (None, 0):
+                shift = corrupt[:, t] - clean[:, t]
+                if head is not None:
+                    kept = torch.zeros_like(shift)
+                    kept[:, head] = shift[:, head]
+                    shift = kept
+                moved = []
+                for step in (STEP, -STEP):
+                    with torch.no_grad(), model.trace(PROMPT):
+                        mixer.set_state_after(t, clean[:, t] + step * shift)
+                        moved.append(metric(model.logits).save())
+                quotient = float(moved[0] - moved[1]) / (2 * STEP)
+                expected = estimate.scores[0, t].sum() if head is None else estimate.scores[0, t, head]
+                assert quotient == pytest.approx(expected.item(), rel=5e-3, abs=1e-9), (t, head)
+    finally:
+        route_kernels(family, "default")
+
+
+def test_a_state_of_a_kind_without_its_gradient_is_unavailable():
+    model = tiny_standardized("mamba")
+    with pytest.raises(Unavailable, match=r"does not say how its states' gradient runs back"):
+        attribution_patch(model, PROMPT, CORRUPT, values=["linear_attn.states"])
+
+
+def test_a_mamba2_state_gradient_is_autograd_through_its_recurrence():
+    """The scan's adjoint, from a served call's decays and C, equals autograd through the recurrence written out:
+    ``h_t = exp(dt_t A) h_{t-1} + E_t``, ``y_t = h_t^T C_t``, with ``E_t`` the perturbation of the state after t."""
+    model = mild_decays(tiny_standardized("mamba2", dtype=torch.float64))
+    mixer = model.layers[0].linear_attn
+    inputs, trajectory = [], []
+    with torch.no_grad(), model.trace(PROMPT):
+        for tensor in mixer.state_gradient_inputs():
+            inputs.append(tensor.save())
+        trajectory.append(mixer.state_trajectory.save())
+    log_decay, C = (tensor.double() for tensor in inputs)
+    batch, seq, heads, state_dim, head_dim = trajectory[0].shape
+    weights = torch.randn(batch, seq, heads, head_dim, dtype=torch.float64)
+    perturbations = torch.zeros(batch, seq, heads, state_dim, head_dim, dtype=torch.float64, requires_grad=True)
+    reading = C.repeat_interleave(heads // C.shape[2], dim=2)
+    state, measured = torch.zeros(batch, heads, state_dim, head_dim, dtype=torch.float64), 0
+    for t in range(seq):
+        state = log_decay[:, t, :, None, None].exp() * state + perturbations[:, t]
+        measured = measured + (torch.einsum("bhn,bhnp->bhp", reading[:, t], state) * weights[:, t]).sum()
+    measured.backward()
+    adjoint = type(mixer).state_gradients(tuple(inputs), weights)
+    torch.testing.assert_close(adjoint.double(), perturbations.grad, rtol=1e-5, atol=1e-7)
+    assert perturbations.grad[:, 0].abs().max() > 1e-3, "the first state's gradient is all but zero: nothing checked"
+
+
+def test_a_mamba2_state_estimate_is_the_state_patch_times_its_gradient():
+    model = mild_decays(tiny_standardized("mamba2", dtype=torch.float64))
+    estimate = attribution_patch(model, PROMPT, CORRUPT, values=["linear_attn.states"])["linear_attn.states"]
+    metric = metric_of(model)
+    for index, layer in enumerate(estimate.layers):
+        mixer = model.layers[layer].linear_attn
+        corrupt, clean, inputs, gradient = [], [], [], []
+        with torch.no_grad(), model.trace(CORRUPT):
+            corrupt.append(mixer.state_trajectory.save())
+        with model.trace(PROMPT):
+            for tensor in mixer.state_gradient_inputs():
+                inputs.append(tensor.save())
+            clean.append(mixer.state_trajectory.save())
+            outputs = mixer.attention_head_outputs
+            with metric(model.logits).backward():
+                gradient.append(outputs.grad.save())
+        adjoint = type(mixer).state_gradients(tuple(inputs), gradient[0])
+        expected = ((corrupt[0] - clean[0]) * adjoint).sum((-2, -1))[0]
+        assert estimate.scores[index].shape == (len(PROMPT), mixer.mixer_heads)
+        torch.testing.assert_close(estimate.scores[index], expected.float(), rtol=1e-5, atol=1e-9)
+        assert estimate.scores[index].abs().max() > 1e-6, f"layers[{layer}]: the estimate is all but zero"

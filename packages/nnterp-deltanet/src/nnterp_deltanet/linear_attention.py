@@ -21,6 +21,7 @@ from nnterp.forward_source import Binding
 from nnterp.layouts import ChannelGates, Gates, LinearHeadOutputs, LinearQK, LinearV, State, States
 from nnterp.positions import Positions
 
+from .gradients import delta_rule_state_gradients
 from .mixing import delta_rule_mixing, delta_rule_readout
 from .trajectory import delta_rule_states
 
@@ -207,6 +208,17 @@ class LinearAttention(RecurrentMixer):
         return delta_rule_states(
             *self._delta_rule_arguments(), positions=positions, use_qk_l2norm=self._l2_norms(), dtype=dtype
         )
+
+    def state_gradient_inputs(self) -> tuple[torch.Tensor, ...]:
+        """The call's query, key, g and beta, and whether the kernel l2-normalizes them (a bool tensor)."""
+        query, key, _, g, beta, _ = self._delta_rule_arguments()
+        return query, key, g, beta, torch.tensor(self._l2_norms())
+
+    @classmethod
+    def state_gradients(cls, inputs: tuple[torch.Tensor, ...], head_output_gradients: torch.Tensor) -> States:
+        """The delta rule's adjoint (``delta_rule_state_gradients``) from ``state_gradient_inputs``."""
+        *arguments, l2_norms = inputs
+        return delta_rule_state_gradients(*arguments, head_output_gradients, use_qk_l2norm=bool(l2_norms))
 
     def mixing_from_arguments(self, rows: torch.Tensor, heads: torch.Tensor) -> TokenMixing:
         """The delta rule's token mixing at ``rows`` and ``heads`` of this call (``delta_rule_mixing``)."""

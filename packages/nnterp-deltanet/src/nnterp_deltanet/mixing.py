@@ -82,7 +82,7 @@ def delta_rule_mixing(
         torch.float32,
     )
     rule.lay_out(end)
-    query = rule.in_chunks(_reading(per_value_head(query), use_qk_l2norm).transpose(1, 2), 2)
+    query = rule.in_chunks(reading_queries(per_value_head(query), use_qk_l2norm).transpose(1, 2), 2)
     cumulative = rule.gates.cumsum(dim=3)
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=key.device).triu(1)
     decayed_scores = _ut_system(rule.keys, query, cumulative, causal)  # A_qk, the diagonal kept
@@ -120,10 +120,10 @@ def delta_rule_readout(query: Tensor, state: Tensor, rows: Tensor, *, use_qk_l2n
     """
     heads = state.shape[1]
     query = query[:, rows.to(query.device)].repeat_interleave(heads // query.shape[2], dim=2)
-    return torch.einsum("bthk,bhkv->bthv", _reading(query, use_qk_l2norm), state.float())
+    return torch.einsum("bthk,bhkv->bthv", reading_queries(query, use_qk_l2norm), state.float())
 
 
-def _reading(query: Tensor, use_qk_l2norm: bool) -> Tensor:
+def reading_queries(query: Tensor, use_qk_l2norm: bool) -> Tensor:
     """Queries as the kernel reads with them: float32, l2-normalized if it normalizes, scaled by 1/sqrt(key_dim)."""
     query = query.float()
     if use_qk_l2norm:

@@ -21,8 +21,9 @@ from nnterp.layouts import Gates, SSDHeadOutputs, SSDKeys, SSDQueries, SSDState,
 from nnterp.order import standard_path
 from nnterp.positions import Positions
 
+from .gradients import ssd_state_gradients
 from .mixing import ssd_mixing, ssd_readout
-from .trajectory import ssd_states
+from .trajectory import ssd_states, step_sizes
 
 NO_STATE_OCCURRENCES = (
     "the chunk scan computes every token's state in one tensor per call, not one occurrence per token to walk "
@@ -394,6 +395,17 @@ class StateSpace(RecurrentMixer):
             dt_limit=dt_limit,
             dtype=dtype,
         )
+
+    def state_gradient_inputs(self) -> tuple[torch.Tensor, ...]:
+        """The call's log decay ``dt A`` per token and head, and its ``C``: what ``state_gradients`` reads."""
+        dt_bias, A, dt_limit = self._gate_inputs()
+        dt, C = (self._scan_argument(name) for name in ("dt", "C"))
+        return step_sizes(dt, dt_bias, bool(self.argument("dt_softplus")), dt_limit) * A.float(), C
+
+    @classmethod
+    def state_gradients(cls, inputs: tuple[torch.Tensor, ...], head_output_gradients: torch.Tensor) -> SSDStates:
+        """The scan's adjoint (``ssd_state_gradients``) from ``state_gradient_inputs``."""
+        return ssd_state_gradients(*inputs, head_output_gradients)
 
     def mixing_from_arguments(self, rows: torch.Tensor, heads: torch.Tensor) -> TokenMixing:
         """The SSD matrix of this call at ``rows`` and ``heads`` and the rest of y (``ssd_mixing``), float32.

@@ -12,7 +12,13 @@ have it (a hybrid's ``linear_attn`` and ``self_attn`` apart):
   ``"mlp.mlp_output"``: one number per position, ``[layers, seq]``;
 - ``"self_attn.attention_head_outputs"``, ``"linear_attn.attention_head_outputs"``: per head,
   ``[layers, seq, heads]``, before the heads' output projection;
-- ``"mlp.mlp_neurons"``: per neuron, ``[layers, seq, intermediate_size]``.
+- ``"mlp.mlp_neurons"``: per neuron, ``[layers, seq, intermediate_size]``;
+- ``"linear_attn.states"``: a recurrent mixer's state after each token, per head, ``[layers, seq,
+  heads]``: ``(corrupt - clean) . dM/dS_t`` summed over a head's state. Patching the state after
+  ``t`` (``set_state_after``) moves the metric through the head outputs at ``t`` and later, so its
+  gradient is the recurrence's adjoint (``RecurrentMixer.state_gradients``), run backwards from
+  the gradient of the head outputs; both runs' states come from their kernel calls'
+  arguments (``state_trajectory``), so nothing needs routing.
 
 A value nnsight serves no gradient for (one computed beside the forward rather than used by it:
 a mixture of experts' slots, Mamba-1's per-channel head outputs) raises ``Unavailable``.
@@ -35,12 +41,15 @@ from .blocks import block_indices, known, token_ids
 ESTIMATED = {
     "self_attn.attention_head_outputs": 1,
     "self_attn.attention_output": 1,
+    "linear_attn.states": 2,
     "linear_attn.attention_head_outputs": 1,
     "linear_attn.attention_output": 1,
     "mlp.mlp_neurons": 0,
     "mlp.mlp_output": 1,
     "layer_output": 1,
 }
+#: The recurrent state after each token, estimated through the adjoint of its recurrence.
+STATES = "linear_attn.states"
 
 
 class Estimate(NamedTuple):
@@ -107,16 +116,26 @@ def attribution_patch(
     corrupted: list[Tensor] = []
     with torch.no_grad(), model.trace(corrupt_ids):
         for _, value, owner in places:
-            corrupted.append(getattr(owner, value.rpartition(".")[2]).clone().save())
+            served = getattr(owner, _served_name(value))
+            # a served tensor can be the model's own, which a later write would change; a trajectory is computed anew
+            corrupted.append((served if value == STATES else served.clone()).save())
     activations: list[Tensor] = []
     gradients: list[Tensor] = []
+    adjoint_inputs: dict[int, list[Tensor]] = {}
     names: dict[int, str] = {}
     try:
         with model.trace(clean_ids):
-            served = [getattr(owner, value.rpartition(".")[2]) for _, value, owner in places]
-            for activation, (layer, value, _) in zip(served, places, strict=True):
-                names[id(activation)] = f"layers[{layer}] {value}"
-                activations.append(activation.detach().clone().save())
+            served = []
+            for index, (layer, value, owner) in enumerate(places):
+                if value == STATES:
+                    # the arguments first: the call records them as it starts
+                    adjoint_inputs[index] = [tensor.save() for tensor in owner.state_gradient_inputs()]
+                    activations.append(owner.state_trajectory.save())
+                    served.append(owner.attention_head_outputs)
+                else:
+                    served.append(getattr(owner, _served_name(value)))
+                    activations.append(served[-1].detach().clone().save())
+                names[id(served[-1])] = f"layers[{layer}] {value}"
             measured = metric(model.logits)
             with measured.backward():
                 for activation in reversed(served):
@@ -130,9 +149,20 @@ def attribution_patch(
         ) from None
     gradients.reverse()
     estimates: dict[str, list[tuple[int, Tensor]]] = {value: [] for value in values}
-    for (layer, value, _), after, before, gradient in zip(places, corrupted, activations, gradients, strict=True):
-        product = (after - before.detach()) * gradient
-        summed = product.sum(dim=tuple(range(-ESTIMATED[value], 0))) if ESTIMATED[value] else product
+    for index, ((layer, value, owner), after, before, gradient) in enumerate(
+        zip(places, corrupted, activations, gradients, strict=True)
+    ):
+        if value == STATES:
+            gradient = type(owner).state_gradients(tuple(adjoint_inputs[index]), gradient)
+        # the corrupt run's copy is this function's own: the difference goes in place, sparing a state-sized copy
+        patch = after.sub_(before.detach())
+        # a state is summed over everything of a head's: its rows and columns, or a channel's state
+        trailing = ESTIMATED[value] if value != STATES else patch.dim() - 3
+        gradient = gradient.to(patch.dtype)
+        if trailing:
+            summed = torch.einsum("...i,...i->...", patch.flatten(-trailing), gradient.flatten(-trailing))
+        else:
+            summed = patch * gradient
         estimates[value].append((layer, summed[0]))
     return {
         value: Estimate(tuple(layer for layer, _ in parts), torch.stack([part for _, part in parts]).float())
@@ -140,11 +170,27 @@ def attribution_patch(
     }
 
 
+def _served_name(value: str) -> str:
+    """The name ``value`` is read by on its owner: a state's is ``state_trajectory``, from the call's arguments."""
+    name = value.rpartition(".")[2]
+    return "state_trajectory" if value == STATES else name
+
+
 def _owner(model: Any, layer: int, value: str) -> Any:
-    """The envoy serving ``value`` (a block-relative standard name) on block ``layer``, or ``None`` when it has none."""
+    """The envoy serving ``value`` (a block-relative standard name) on block ``layer``, or ``None`` when it has none.
+
+    Raises:
+        nnterp.Unavailable: ``linear_attn.states`` of a mixer kind that declares no gradient of its states.
+    """
     owner_name, _, name = value.rpartition(".")
     block = model.layers[layer]
     owner = getattr(block, owner_name, None) if owner_name else block
     if owner is None or name not in dir(type(owner)):
         return None
-    return owner if owner.support().get(name) is None else None
+    if value == STATES and not type(owner).declares_state_gradients():
+        raise Unavailable(
+            f"attribution_patch: layers[{layer}].linear_attn, a {type(owner).__name__}, does not say how its states' "
+            f"gradient runs back through its recurrence (RecurrentMixer.state_gradients); estimate its "
+            f"attention_output, or patch its states exactly with set_state_after"
+        )
+    return owner if owner.support().get(_served_name(value)) is None else None

@@ -282,6 +282,43 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         knocked = knocked_tokens(positions, keys, f"{standard_path(self)}.attention_keys")
         self.attention_keys = keys.masked_fill(knocked.view(*knocked.shape, *[1] * (keys.dim() - 2)), 0)
 
+    def state_gradient_inputs(self) -> tuple[torch.Tensor | None, ...]:
+        """Inside a trace: what ``state_gradients`` needs from this call, read from its arguments (save each).
+
+        Read it with the call's other values, in forward order: the arguments
+        are recorded when the call starts.
+
+        Raises:
+            nnterp.Unavailable: the kind declares no gradient of its states.
+        """
+        raise Unavailable(
+            f"{standard_path(self)}: a {type(self).__name__} does not say how its states' gradient runs back through "
+            f"its recurrence; attribute its head outputs or its output instead"
+        )
+
+    @classmethod
+    def state_gradients(
+        cls, inputs: tuple[torch.Tensor | None, ...], head_output_gradients: torch.Tensor
+    ) -> torch.Tensor:
+        """The gradient with respect to the state after each token, [batch, seq, ...] as ``states``, float32.
+
+        ``inputs`` come from ``state_gradient_inputs`` and
+        ``head_output_gradients`` is the gradient with respect to
+        ``attention_head_outputs`` ([batch, seq, ...] as it is served). The
+        state after token ``t`` reaches the metric only through the head
+        outputs it is read by at ``t`` and later, with the call's gates fixed,
+        so its gradient is the adjoint of the recurrence, run backwards from
+        the last token: what ``nnterp.analysis.attribution_patch`` multiplies
+        by a patch of the states. A kind that declares
+        ``state_gradient_inputs`` declares this.
+        """
+        raise NotImplementedError(f"{cls.__name__} declares no state_gradients")
+
+    @classmethod
+    def declares_state_gradients(cls) -> bool:
+        """Whether the kind says how its states' gradient runs back through its recurrence (``state_gradients``)."""
+        return cls.state_gradients.__func__ is not RecurrentMixer.state_gradients.__func__
+
     def token_mixing(self, positions: Positions = None, heads: Heads = None) -> Mixing:
         """The exact token-to-token matrix of this call: how each output row mixes the call's values, [batch, heads, rows, seq].
 
