@@ -49,7 +49,7 @@ def continues_several_tokens(blocks: list[Mixers]) -> bool:
 def starts_from_zeros(blocks: list[Mixers]) -> list[Mixers]:
     """The blocks of ``blocks`` whose recurrent mixer's prompt kernel takes no entering state."""
     return [
-        block for block in blocks if block.recurrent is not None and type(block.recurrent).PROMPT.entering_state is None
+        block for block in blocks if block.recurrent is not None and type(block.recurrent).prompt_starts_from_zeros()
     ]
 
 
