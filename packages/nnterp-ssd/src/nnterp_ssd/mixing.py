@@ -22,7 +22,6 @@ formed.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from nnterp.analysis.mixing import TokenMixing
@@ -31,6 +30,8 @@ from .trajectory import step_sizes
 
 #: Entries of one block of rows' ``[batch, heads, rows, tokens]`` temporaries (a few live at once, float32).
 BLOCK_ELEMENTS = 1 << 24
+#: The most tokens between a block's rows, so the running sums they subtract hold few terms (``_decays_to_rows``).
+WINDOW = 64
 
 
 def ssd_mixing(
@@ -80,8 +81,7 @@ def ssd_mixing(
 
     matrix = hidden_states.new_zeros((batch, len(heads), len(rows), seq), dtype=torch.float32)
     block_rows = max(1, BLOCK_ELEMENTS // max(1, batch * len(heads) * end))
-    for first in range(0, len(rows), block_rows):
-        block = slice(first, first + block_rows)
+    for block in _row_blocks(rows, block_rows):
         block_end = int(rows[block].max()) + 1
         scores = (queries[:, :, block] @ keys[:, :, :block_end].transpose(-1, -2))[:, group_of_head]
         scores *= _decays_to_rows(log_decay[..., :block_end], rows[block])
@@ -127,16 +127,34 @@ def ssd_readout(
     return outputs
 
 
+def _row_blocks(rows: Tensor, most: int) -> list[Tensor]:
+    """The indices of ``rows`` in blocks of at most ``most``, each block's positions within ``WINDOW`` tokens of its
+    first, in position order: what ``_decays_to_rows`` computes at once."""
+    order = rows.argsort()
+    positions = rows[order].tolist()
+    blocks, start = [], 0
+    for index, position in enumerate(positions):
+        if index - start == most or position - positions[start] >= WINDOW:
+            blocks.append(order[start:index])
+            start = index
+    return blocks + [order[start:]] if positions else blocks
+
+
 def _decays_to_rows(log_decay: Tensor, rows: Tensor) -> Tensor:
     """``exp(a_{j+1} + ... + a_t)`` for each row ``t`` and token ``j <= t``, 0 for ``j > t``: ``[batch, heads, rows, tokens]``.
 
-    ``log_decay`` is ``[batch, heads, tokens]``. Each exponent is a sum from the row back over
-    its own terms (a reversed running sum of the row's tokens), exact to float32 whatever the
-    call's length.
+    ``log_decay`` is ``[batch, heads, tokens]``, every term non-positive, and ``rows`` lie within
+    ``WINDOW`` tokens of the first, ``anchor``. Each exponent is ``level[t] - level[j]`` with
+    ``level`` the running sum from ``anchor``: forwards after it, backwards (negated) before it. A
+    token before ``anchor`` then adds two sums of one sign, with nothing to cancel, and one after it
+    subtracts two sums of at most ``WINDOW`` terms, so every exponent is exact to float32 whatever
+    the call's length, at one subtraction and one ``exp`` per entry.
     """
+    anchor = int(rows.min())
     tokens = torch.arange(log_decay.shape[-1], device=log_decay.device)
-    # token k's decay reaches row t from every earlier token when k <= t; token 0's reaches none
-    kept = torch.where(tokens[1:] <= rows[:, None], log_decay[:, :, None, 1:], 0.0)
-    exponent = F.pad(kept.flip(-1).cumsum(-1).flip(-1), (0, 1))
+    before = -log_decay[..., 1 : anchor + 1].flip(-1).cumsum(-1).flip(-1)
+    after = log_decay[..., anchor + 1 :].cumsum(-1)
+    level = torch.cat([before, torch.zeros_like(log_decay[..., :1]), after], dim=-1)
+    exponent = level[..., rows, None] - level[..., None, :]
     exponent.masked_fill_(tokens > rows[:, None], float("-inf"))
     return exponent.exp_()
