@@ -10,7 +10,11 @@ with ``S_t`` the sum of the channel's steps over tokens ``0..t``::
 ``S_t - S_j`` is how far token j's write has decayed by token t. The first sum is the matrix; the
 readout of the state the call started from (``h_0``, zeros on a prompt) and the skip are the offset.
 
-The columns are taken in blocks of ``BLOCK`` tokens. A row inside a block is computed as written
+Every column up to the first asked row r is read through r's own token, ``exp(A (S_t - S_j)) =
+exp(A (S_t - S_r)) exp(A (S_r - S_j))``: each row's factor is taken once, each column's once, and
+one matrix product per channel over the state writes them straight into the result, so asking for
+the last rows of a long call costs about one exponential per column and state entry. The columns
+after r are taken in blocks of ``BLOCK`` tokens. A row inside a block is computed as written
 above, a ``[rows, columns, state_dim]`` product per channel. A row after it goes through the block's
 last token a, ``exp(A (S_t - S_j)) = exp(A (S_t - S_a)) exp(A (S_a - S_j))``: a row's factor times a
 column's factor, summed over the state in one matrix product, with ``BLOCK`` times fewer
@@ -76,7 +80,10 @@ def selective_scan_mixing(
     batch, _, seq = x.shape
     rows, channels = rows.to(x.device), channels.to(x.device)
     end = int(rows[-1]) + 1 if len(rows) else 0
-    matrix = torch.zeros(batch, len(channels), len(rows), seq, device=x.device)
+    # every entry is written but those past each row's own token, which are zeroed: no pass over the whole of it
+    matrix = torch.empty(batch, len(channels), len(rows), seq, device=x.device)
+    for index, position in enumerate(rows.tolist()):
+        matrix[:, :, index, position + 1 :] = 0
     offset = torch.empty(batch, len(rows), len(channels), device=x.device)
     # the largest temporary, per channel: a block's rows inside it against its columns, per state entry
     for chosen in _blocks(len(channels), 4 * batch * BLOCK * BLOCK * A.shape[-1]):
@@ -103,8 +110,13 @@ class _ChannelBlock:
         self.bytes_per_row = 4 * batch * channels * (rate.shape[-1] + BLOCK)
 
     def write_matrix(self, matrix: Tensor) -> None:
-        """Fill ``matrix`` ``[batch, channels, rows, seq]``, zeros on entry, one block of columns at a time."""
-        for start in range(0, self.end, BLOCK):
+        """Fill ``matrix`` ``[batch, channels, rows, seq]``, zeros on entry: the columns up to the first row through
+        it, then one block of columns at a time."""
+        if not self.positions:
+            return
+        first = self.positions[0]
+        self._columns_before_the_rows(matrix[..., : first + 1], first)
+        for start in range(first + 1, self.end, BLOCK):
             stop = min(start + BLOCK, self.end)
             # rows before the block read none of it; rows[inside:after] lie in it; rows[after:] come after it
             inside, after = bisect_left(self.positions, start), bisect_left(self.positions, stop)
@@ -144,6 +156,21 @@ class _ChannelBlock:
             reads = (rate * since_anchor[..., asked - anchor][:, :, None]).exp_()
             reads.mul_(self.queries[:, None, :, first:][..., chunk])
             out[:, :, chunk] = reads.transpose(-1, -2) @ writes
+
+    def _columns_before_the_rows(self, out: Tensor, first: int) -> None:
+        """Every row against the columns ``0..first`` (the first row's position), through that first row's token r:
+        ``exp(A (S_t - S_j)) = exp(A (S_t - S_r)) exp(A (S_r - S_j))``, each row's factor taken once for all of
+        them. ``S_r - S_j`` is summed backwards from r, so a column far from the rows is as exact as a near one.
+        Some channels at a time, each product written straight into ``out``."""
+        since_first = self._elapsed_since(first, self.end)[..., self.rows - first]  # S_t - S_r: [batch, channels, rows]
+        until_first = F.pad(self.step[..., 1 : first + 1].flip(-1).cumsum(-1).flip(-1), (0, 1))  # S_r - S_j
+        batch, channels = self.step.shape[:2]
+        for chosen in _blocks(channels, 4 * batch * self.rate.shape[-1] * (first + 1)):
+            rate = self.rate[chosen, :, None]  # [channels, state_dim, 1]: against a trailing axis of tokens
+            reads = (rate * since_first[:, chosen, None]).exp_().mul_(self.queries[:, None])
+            writes = (rate * until_first[:, chosen, None]).exp_()
+            writes.mul_(self.keys[:, None, :, : first + 1]).mul_(self.step[:, chosen, None, : first + 1])
+            torch.matmul(reads.transpose(-1, -2), writes, out=out[:, chosen])
 
     def offset(self, x: Tensor, D: Tensor | None, initial_state: Tensor | None, channels: Tensor) -> Tensor:
         """The skip ``D x`` (``x`` at the rows) and the readout of ``initial_state``: [batch, channels, rows]."""
