@@ -86,6 +86,25 @@ def test_token_mixing_matches_a_token_loop_over_the_served_values(family: str) -
         check_against_token_loop(mixer, read, f"decode step {step}")
 
 
+def long_call(generator: torch.Generator, batch: int) -> tuple[torch.Tensor, ...]:
+    """A Mamba-2 scan call of 2048 tokens, 4 heads of 8 in 2 groups, state 16: (x, dt, A, B, C, D, dt_bias).
+
+    Steps log-uniform in [0.001, 0.1] and A from -1 to -16, as Mamba-2 initializes them: the rows' decays sum to
+    hundreds.
+    """
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    seq, heads, head_dim, groups, state_dim = 2048, 4, 8, 2, 16
+    steps = torch.exp(torch.linspace(math.log(1e-3), math.log(0.1), heads))
+    dt_bias = steps + torch.log(-torch.expm1(-steps))
+    A = -torch.linspace(1.0, 16.0, heads)
+    x, dt = normal(batch, seq, heads, head_dim), 0.5 * normal(batch, seq, heads)
+    B, C, D = normal(batch, seq, groups, state_dim), normal(batch, seq, groups, state_dim), normal(heads)
+    return x, dt, A, B, C, D, dt_bias
+
+
 def test_long_calls_keep_float32_precision() -> None:
     """Thousands of tokens: the rows' decays sum to hundreds, yet y is rebuilt to float32 rounding.
 
@@ -93,18 +112,9 @@ def test_long_calls_keep_float32_precision() -> None:
     is off by about 2e-5 here.
     """
     generator = torch.Generator().manual_seed(0)
-
-    def normal(*shape):
-        return torch.randn(*shape, generator=generator)
-
-    batch, seq, heads, head_dim, groups, state_dim = 2, 2048, 4, 8, 2, 16
-    # steps log-uniform in [0.001, 0.1] and A from -1 to -16, as Mamba-2 initializes them
-    steps = torch.exp(torch.linspace(math.log(1e-3), math.log(0.1), heads))
-    dt_bias = steps + torch.log(-torch.expm1(-steps))
-    A = -torch.linspace(1.0, 16.0, heads)
-    x, dt = normal(batch, seq, heads, head_dim), 0.5 * normal(batch, seq, heads)
-    B, C = normal(batch, seq, groups, state_dim), normal(batch, seq, groups, state_dim)
-    D, start = normal(heads), normal(batch, heads, head_dim, state_dim)
+    x, dt, A, B, C, D, dt_bias = long_call(generator, batch=2)
+    batch, seq, heads, head_dim = x.shape
+    start = torch.randn(batch, heads, head_dim, B.shape[-1], generator=generator)
     y = CHUNK_SCAN(x, dt, A, B, C, 64, D=D, dt_bias=dt_bias, initial_states=start, dt_softplus=True)
 
     rows, chosen = torch.arange(seq - 64, seq), torch.tensor([3, 0])
@@ -117,16 +127,8 @@ def test_the_whole_matrix_of_a_long_call_in_any_row_order_keeps_float32_precisio
     """Every row of 2048 tokens, asked in shuffled order, against the kernel in float64: the rows are computed in
     blocks a window of tokens apart, whose running sums stay short (one block of every row is off by about 1e-5)."""
     generator = torch.Generator().manual_seed(0)
-
-    def normal(*shape):
-        return torch.randn(*shape, generator=generator)
-
-    batch, seq, heads, head_dim, groups, state_dim = 1, 2048, 4, 8, 2, 16
-    steps = torch.exp(torch.linspace(math.log(1e-3), math.log(0.1), heads))
-    dt_bias = steps + torch.log(-torch.expm1(-steps))
-    A = -torch.linspace(1.0, 16.0, heads)
-    x, dt = normal(batch, seq, heads, head_dim), 0.5 * normal(batch, seq, heads)
-    B, C, D = normal(batch, seq, groups, state_dim), normal(batch, seq, groups, state_dim), normal(heads)
+    x, dt, A, B, C, D, dt_bias = long_call(generator, batch=1)
+    seq, heads = x.shape[1:3]
     exact = CHUNK_SCAN(
         *(t.double() for t in (x, dt, A, B, C)), 64, D=D.double(), dt_bias=dt_bias.double(), dt_softplus=True
     )
