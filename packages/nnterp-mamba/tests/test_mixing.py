@@ -128,3 +128,16 @@ def test_mixing_rebuilds_the_kernels_outputs_over_many_blocks(small_blocks, with
     assert not matrix[..., 32:].any(), "a row mixes a token after it"
     rebuilt = mixed(matrix, x.transpose(1, 2)[..., channels]) + offset
     close_relative(rebuilt, expected[:, rows][..., channels], "mixed(M, x) + offset vs the kernel's y", 1e-5)
+
+
+def test_blocks_of_channels_and_columns_give_the_unblocked_matrix(monkeypatch):
+    """Every channel in its own block, columns in blocks of 4, against all channels in one and blocks of 8: the same."""
+    x, dt, A, B, C, D, state, dt_bias = scan_arguments(True)
+    rows, channels = torch.tensor([2, 9, 10, 21, 38]), torch.arange(CHANNELS)
+    whole = selective_scan_mixing(x, dt, A, B, C, D, state, rows, channels, dt_bias=dt_bias)
+    monkeypatch.setattr(mixing, "BLOCK", 4)
+    monkeypatch.setattr(mixing, "TEMPORARY_BYTES", 1)
+    assert mixing._blocks(CHANNELS, mixing._bytes_per_channel(BATCH, STATE_DIM, SEQ, rows)).__next__() == slice(0, 1)
+    blocked = selective_scan_mixing(x, dt, A, B, C, D, state, rows, channels, dt_bias=dt_bias)
+    close_relative(blocked.matrix, whole.matrix, "the matrix in blocks vs in one", 1e-6)
+    close_relative(blocked.offset, whole.offset, "the offset in blocks vs in one", 1e-6)

@@ -14,14 +14,19 @@ skip, are the offset.
 Each entry's decay exponent is summed from its row back to its column, never taken as the
 difference of two running sums from the call's start: over thousands of tokens those sums reach
 hundreds, and their difference would lose the float32 digits an entry near the diagonal needs.
-The rows are computed in blocks, each only up to its last row's token; ``C . B`` is one matrix
-product per group, so no ``[rows, tokens, state_dim]`` product and no per-token state is ever
-formed.
+The rows are computed in blocks within ``WINDOW`` tokens of the block's first row, each only up to
+its last row's token. A token up to that first row decays to a row through it: a factor per
+token times a factor per row, each the ``exp`` of one sum from the first row, so those entries,
+most of the matrix, cost two products and no ``exp``; only the tokens inside the window take an
+``exp`` each. ``C . B`` is one matrix product per group, and each block is written straight into
+the result, so no ``[rows, tokens, state_dim]`` product, no per-token state and no full-size mask
+is ever formed.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from nnterp.analysis.mixing import TokenMixing
@@ -30,8 +35,10 @@ from .trajectory import step_sizes
 
 #: Entries of one block of rows' ``[batch, heads, rows, tokens]`` temporaries (a few live at once, float32).
 BLOCK_ELEMENTS = 1 << 24
-#: The most tokens between a block's rows, so the running sums they subtract hold few terms (``_decays_to_rows``).
+#: The most tokens between a block's rows, so the running sums they subtract hold few terms (``_decays_through``).
 WINDOW = 64
+#: Just above the log of float32's smallest normal number (-87.34): ``_decay`` takes no exponential below it.
+SMALLEST_EXPONENT = -87.0
 
 
 def ssd_mixing(
@@ -79,14 +86,33 @@ def ssd_mixing(
     keys = B[:, :end, groups].float().transpose(1, 2)  # [batch, groups, tokens, state_dim]
     queries = C[:, rows][:, :, groups].float().transpose(1, 2)  # [batch, groups, rows, state_dim]
 
-    matrix = hidden_states.new_zeros((batch, len(heads), len(rows), seq), dtype=torch.float32)
-    block_rows = max(1, BLOCK_ELEMENTS // max(1, batch * len(heads) * end))
+    # every entry is written below, the zeros past each row's token too: no pass to clear it first
+    matrix = hidden_states.new_empty((batch, len(heads), len(rows), seq), dtype=torch.float32)
+    runs = _runs(group_of_head.tolist())
+    block_rows = max(1, BLOCK_ELEMENTS // max(1, batch * len(groups) * end))
     for block in _row_blocks(rows, block_rows):
-        block_end = int(rows[block].max()) + 1
-        scores = (queries[:, :, block] @ keys[:, :, :block_end].transpose(-1, -2))[:, group_of_head]
-        scores *= _decays_to_rows(log_decay[..., :block_end], rows[block])
-        scores *= step[:, :, None, :block_end]
-        matrix[:, :, block, :block_end] = scores
+        positions = rows[block]
+        anchor, block_end = int(positions.min()), int(positions.max()) + 1
+        scores = queries[:, :, block] @ keys[:, :, :block_end].transpose(-1, -2)  # [batch, groups, rows, tokens]
+        writes, reads, window = _decays_through(log_decay[..., :block_end], positions - anchor)
+        writes.mul_(step[..., : anchor + 1])
+        window.mul_(step[:, :, None, anchor + 1 : block_end])
+        first = int(block[0])
+        # a block of consecutive rows is written in place; one of rows asked out of order goes through a copy
+        in_place = bool((block == torch.arange(first, first + len(block), device=device)).all())
+        target = (
+            matrix[:, :, first : first + len(block)]
+            if in_place
+            else matrix.new_empty(batch, len(heads), len(block), seq)
+        )
+        target[..., block_end:] = 0
+        for run, group in runs:
+            out, own = target[:, run], scores[:, group, None]
+            torch.mul(own[..., : anchor + 1], writes[:, run, None], out=out[..., : anchor + 1])
+            out[..., : anchor + 1].mul_(reads[:, run, :, None])
+            torch.mul(own[..., anchor + 1 :], window[:, run], out=out[..., anchor + 1 : block_end])
+        if not in_place:
+            matrix[:, :, block] = target
 
     offset = ssd_readout(hidden_states, C, D, None, rows, heads)
     if initial_state is not None:
@@ -140,21 +166,44 @@ def _row_blocks(rows: Tensor, most: int) -> list[Tensor]:
     return blocks + [order[start:]] if positions else blocks
 
 
-def _decays_to_rows(log_decay: Tensor, rows: Tensor) -> Tensor:
-    """``exp(a_{j+1} + ... + a_t)`` for each row ``t`` and token ``j <= t``, 0 for ``j > t``: ``[batch, heads, rows, tokens]``.
+def _runs(groups: list[int]) -> list[tuple[slice, int]]:
+    """The asked heads in runs of consecutive ones that read the same group: ``(heads, group)``."""
+    runs, start = [], 0
+    for index in range(1, len(groups) + 1):
+        if index == len(groups) or groups[index] != groups[start]:
+            runs.append((slice(start, index), groups[start]))
+            start = index
+    return runs
 
-    ``log_decay`` is ``[batch, heads, tokens]``, every term non-positive, and ``rows`` lie within
-    ``WINDOW`` tokens of the first, ``anchor``. Each exponent is ``level[t] - level[j]`` with
-    ``level`` the running sum from ``anchor``: forwards after it, backwards (negated) before it. A
-    token before ``anchor`` then adds two sums of one sign, with nothing to cancel, and one after it
-    subtracts two sums of at most ``WINDOW`` terms, so every exponent is exact to float32 whatever
-    the call's length, at one subtraction and one ``exp`` per entry.
+
+def _decays_through(log_decay: Tensor, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The decays from each token to each of a block's rows, through the block's first row: writes, reads, window.
+
+    ``log_decay`` is ``[batch, heads, tokens]`` (every term non-positive) up to the block's last
+    row, and ``rows`` the block's positions less its first, ``anchor``, all within ``WINDOW``
+    tokens. A token ``j`` up to the anchor decays to a row ``t`` by ``exp(a_{j+1} + ... +
+    a_anchor) exp(a_{anchor+1} + ... + a_t)``: its write factor ``[batch, heads, anchor + 1]``
+    times the row's read factor ``[batch, heads, rows]``, each an ``exp`` of one sum taken from the
+    anchor (backwards for the writes), so both are exact to float32 whatever the call's length,
+    and an entry costs a product, not an ``exp``. A token after the anchor decays by ``exp``
+    of the difference of two sums of at most ``WINDOW`` terms from the anchor: the window
+    ``[batch, heads, rows, tokens after the anchor]``, 0 past each row.
     """
-    anchor = int(rows.min())
-    tokens = torch.arange(log_decay.shape[-1], device=log_decay.device)
-    before = -log_decay[..., 1 : anchor + 1].flip(-1).cumsum(-1).flip(-1)
-    after = log_decay[..., anchor + 1 :].cumsum(-1)
-    level = torch.cat([before, torch.zeros_like(log_decay[..., :1]), after], dim=-1)
-    exponent = level[..., rows, None] - level[..., None, :]
-    exponent.masked_fill_(tokens > rows[:, None], float("-inf"))
-    return exponent.exp_()
+    anchor = log_decay.shape[-1] - 1 - int(rows.max())
+    writes = _decay(F.pad(log_decay[..., 1 : anchor + 1].flip(-1).cumsum(-1).flip(-1), (0, 1)))
+    level = F.pad(log_decay[..., anchor + 1 :].cumsum(-1), (1, 0))  # from the anchor: [batch, heads, 1 + window]
+    reads = _decay(level[..., rows])
+    # positive past a row, where it can overflow to inf: replaced by 0 after the exp, never multiplied
+    window = _decay(level[..., rows, None] - level[..., None, 1:])
+    tokens = torch.arange(1, level.shape[-1], device=rows.device)
+    return writes, reads, window.masked_fill_(tokens > rows[:, None], 0)
+
+
+def _decay(exponent: Tensor) -> Tensor:
+    """``exp`` of ``exponent`` in place, each entry first raised to ``SMALLEST_EXPONENT``.
+
+    Below it ``exp`` is (or nears) a subnormal number, which a CPU computes many times slower than a
+    normal one; the entry it gives instead, ``1.6e-38``, is as far below float32's resolution of any
+    sum it enters as the true one.
+    """
+    return exponent.clamp_min_(SMALLEST_EXPONENT).exp_()
