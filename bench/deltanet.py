@@ -75,7 +75,7 @@ def main() -> None:
     )
     with warnings.catch_warnings():
         # The values model was compiled with the chunked kernels and keeps them, as intended here.
-        warnings.filterwarnings("ignore", "route_kernels: .* already traced")
+        warnings.filterwarnings("ignore", r"route_kernels\(.* already traced")
         route_kernels(model.family, "torch")
     try:
         routed_plain, routed_traced = harness.twins("qwen3_5_text", CONFIG, attn_implementation="eager")

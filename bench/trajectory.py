@@ -7,6 +7,8 @@ transformers' default kernels. Per family, interleaved so machine noise hits the
 
 - plain: the unrouted transformers forward;
 - trajectory: an unrouted trace reading ``state_trajectory`` (every position) on both mixers;
+- routed: on a routed family, the transformers forward (no trace) of a model loaded after
+  ``route_kernels(family, "torch")`` (the token-by-token kernel), reading nothing: the base of ``states``;
 - states: what serves every state without it: ``states`` on a model routed with
   ``route_kernels(family, "torch")`` (DeltaNet, Mamba-1), or under ``chunk_per_token`` (Mamba-2),
   at the first length (at 4096 tokens DeltaNet's would hold 8 GiB), and on Mamba-2 once more at
@@ -143,10 +145,13 @@ def measure(family: Family, lengths: list[int], repeats: int) -> dict[tuple[str,
     if routed:
         with warnings.catch_warnings():
             # the unrouted model above was compiled with the default kernels and keeps them, as intended here
-            warnings.filterwarnings("ignore", "route_kernels: .* already traced")
+            warnings.filterwarnings("ignore", r"route_kernels\(.* already traced")
             route_kernels(model.family, "torch")
     try:
         states = {"states": per_token_states(family, ids)}
+        if routed:
+            (routed_module,) = harness.twins(family.model_type, family.config, copies=1, **family.load)
+            states["routed"] = harness.forward(routed_module, ids)
         times |= harness.medians(states, first, repeats)
         if rest and not routed:
             times |= harness.medians(states, lengths[-1:], 1, warm_up=False)
@@ -187,6 +192,10 @@ def report(name: str, times: dict[tuple[str, int], float], peaks: dict[str, floa
         for key, label in (("trajectory", "state_trajectory"), ("every64", "positions=::64"), ("states", states)):
             if (key, n) in times:
                 cells.append(f"{label} {times[key, n]:7.3f} ({times[key, n] / plain:5.2f}x plain)")
+        if ("routed", n) in times:
+            routed = times["routed", n]
+            cells.append(f"routed forward {routed:7.3f}")
+            cells.append(f"{states} / routed forward {times['states', n] / routed:5.2f}x")
         if ("every64", n) in times and ("states", n) in times:
             cells.append(f"positions=::64 {times['states', n] / times['every64', n]:.1f}x faster than {states}")
         print(f"  {n:>5} tokens: " + ";  ".join(cells))

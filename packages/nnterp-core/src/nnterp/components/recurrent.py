@@ -41,6 +41,7 @@ from .call_site import CallSite, needs_kernel_call
 from .per_call import pinned, replace_per_call
 from .per_token import PerToken, needs_recurrent_routing
 from .standard import Sublayer, axis_size, contribution
+from .states_memory import reusable_states
 
 
 def needs_token_place(envoy: "RecurrentMixer") -> str | None:
@@ -161,7 +162,9 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         """Every token's state as the model binds it: one occurrence per token of ``token_state``, gathered as they come.
 
         Where the forward makes several kernel calls (``CALLS_PER_FORWARD``),
-        each call's tokens in turn, its states a slice of axis 1.
+        each call's tokens in turn, its states a slice of axis 1. States that
+        record no gradient go into the memory this mixer's last ones took, once
+        nothing refers to those (:func:`.states_memory.reusable_states`).
         """
         op, first, seq = self._token_op()
         calls = self.calls_per_forward()
@@ -172,10 +175,14 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
                     state = op.output
                 if states is None:
                     width = state.shape[1]
-                    states = state.new_empty((state.shape[0], seq, width * calls, *state.shape[2:]))
-                # Copied into one buffer as they come, so the kernel's per-token tensors are freed
-                # and reused rather than kept until a final stack.
-                states[:, t, call * width : (call + 1) * width] = state
+                    shape = (state.shape[0], seq, width * calls, *state.shape[2:])
+                    states = (
+                        state.new_empty(shape) if state.requires_grad else reusable_states(self._module, state, shape)
+                    )
+                # Copied into one buffer as they come, so the kernel's per-token tensors are freed and reused
+                # rather than kept until a final stack; by copy_ into a view, as indexed assignment costs a
+                # tenth of the token loop more.
+                states.select(1, t).narrow(1, call * width, width).copy_(state)
             self.passing_call(call)
         return states
 
