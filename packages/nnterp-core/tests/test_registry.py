@@ -152,6 +152,41 @@ def test_a_plugin_whose_hook_raises_is_reported_and_skipped(core_plugin, registe
     )
 
 
+def test_a_raising_generic_family_hook_is_reported_and_the_next_plugin_still_serves(registered):
+    """Registered last, the raising hook is called first: its failure must not stop the generic family after it."""
+    from transformers import AutoConfig
+
+    class Raising:
+        @nnterp.hookimpl
+        def nnterp_generic_family(self, config):
+            raise KeyError("layer_types")
+
+    registered(Raising(), name="raising-generic")
+    with pytest.warns(UserWarning, match="'raising-generic' .* failed in its nnterp_generic_family hook"):
+        family = nnterp.REGISTRY.family_for("cohere", AutoConfig.for_model("cohere"))
+    assert family.GENERIC and family.MODEL_TYPES == ("cohere",)
+    assert any(
+        failure.name == "raising-generic" and "layer_types" in failure.error for failure in nnterp.REGISTRY.failures
+    )
+
+
+def test_core_suites_are_a_plugin_of_every_registry_and_go_with_it():
+    """Core's suites reach ``nnterp check`` only through its built-in plugin, as a plugin's do."""
+    from nnterp.cli import suite_for
+    from nnterp.components.layer import Layer
+    from nnterp.components.moe import Moe
+    from nnterp.testing import LayerSuite, MoeSuite, tiny_standardized
+
+    registry = Registry()
+    (core,) = [info for info in registry.plugins() if info.name == "nnterp"]
+    assert core.distribution == "nnterp-core" and not core.families
+    assert registry.suites()[Layer] is LayerSuite and registry.suites()[Moe] is MoeSuite
+    model = tiny_standardized("mixtral")
+    assert {LayerSuite, MoeSuite} <= set(suite_for(nnterp.families.mixtral, model).__mro__)
+    registry.unregister("nnterp")
+    assert Layer not in registry.suites() and Moe not in registry.suites()
+
+
 def test_installed_families_leaves_out_a_family_of_a_model_this_transformers_lacks(tmp_path, monkeypatch):
     """A family of a later transformers' model is skipped on this one; a family's own missing import still raises."""
     (tmp_path / "later_family.py").write_text("from transformers.models.a_model_of_a_later_release import modeling\n")

@@ -51,7 +51,7 @@ def plugins(out: TextIO) -> int:
         )
     for failure in REGISTRY.failures:
         print(f"{failure.name} ({failure.distribution} {failure.version}) FAILED to load: {failure.error}", file=out)
-    if not infos and not REGISTRY.failures:
+    if not any(info.families for info in infos) and not REGISTRY.failures:
         print("no nnterp plugins installed; pip install nnterp-attention (or another nnterp plugin)", file=out)
     return 0
 
@@ -102,25 +102,20 @@ def support(out: TextIO, model_id: str | None) -> int:
 
 
 def suite_for(family: ModuleType, model: Any) -> type:
-    """The conformance suite class of a family: core's layer suite plus the suite of every standard envoy ``model`` has.
+    """The conformance suite class of a family: the suite of every standard envoy ``model`` has (its blocks' included).
 
     ``model`` (a tiny model of the family) only says which envoys the family uses; the suite builds its own.
     """
-    from .components.moe import Moe
-    from .components.streams import HyperConnectionLayer
-    from .components.vision import Vision
-    from .testing import HyperConnectionSuite, LayerSuite, MoeSuite
     from .testing.vision import VisionSuite
 
     envoy_types = {type(envoy) for envoy in model.modules()}
-    # The vision suite first: it builds the model with its processor, where the text side's suites run too.
-    suites: list[type] = [VisionSuite, LayerSuite] if any(issubclass(k, Vision) for k in envoy_types) else [LayerSuite]
-    core_suites = {Moe: MoeSuite, HyperConnectionLayer: HyperConnectionSuite}
-    for envoy_class, suite in (core_suites | REGISTRY.suites()).items():
+    suites: list[type] = []
+    for envoy_class, suite in REGISTRY.suites().items():
         if suite not in suites and any(issubclass(kind, envoy_class) for kind in envoy_types):
             suites.append(suite)
-    # A plugin's suite that extends a core one (a packed tower's VisionSuite) takes its place, first when it builds.
+    # A suite that extends another (a packed tower's VisionSuite, a hyper-connection block's LayerSuite) replaces it.
     suites = [suite for suite in suites if not any(other is not suite and issubclass(other, suite) for other in suites)]
+    # The vision suite first: it builds the model with its processor, where the text side's suites run too.
     suites.sort(key=lambda suite: not issubclass(suite, VisionSuite))
     # A generic family is registered under no name, so its suite holds the module itself.
     named = family if getattr(family, "GENERIC", None) else family_name(family)

@@ -3,7 +3,8 @@
 A plugin is a module declared in its distribution's entry-point group
 ``nnterp`` (``[project.entry-points.nnterp] mamba = "nnterp_mamba.plugin"``)
 that implements any of these with ``@nnterp.hookimpl``. Every hook is called
-on every plugin and its results are collected.
+on every plugin, one implementation at a time, and its results are collected;
+core's own suites are the built-in plugin :mod:`nnterp.core_plugin`.
 """
 
 from __future__ import annotations

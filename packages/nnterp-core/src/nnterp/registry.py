@@ -1,9 +1,11 @@
 """The plugin registry: which families are installed, and which one a model belongs to.
 
 Plugins are found through the entry-point group ``nnterp``, once, lazily, on
-first need. A plugin that fails to import is recorded (name, distribution,
-error) and warned about, and the others keep working. Tests and notebooks
-register a plugin object directly with :meth:`Registry.register`.
+first need; core's own suites are a plugin too (:mod:`.core_plugin`). Every
+hook is called through pluggy, one implementation at a time, so a plugin that
+fails to import or whose hook raises is recorded (name, distribution, error)
+and warned about, and the others keep working. Tests and notebooks register a
+plugin object directly with :meth:`Registry.register`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import core_plugin, hookspecs
 
 ENTRY_POINT_GROUP = "nnterp"
 
@@ -179,7 +181,8 @@ class Registry:
         self.manager = pluggy.PluginManager(hookspecs.PROJECT)
         self.manager.add_hookspecs(hookspecs)
         self.failures: list[PluginFailure] = []
-        self._sources: dict[str, tuple[str | None, str | None]] = {}
+        self._sources: dict[str, tuple[str | None, str | None]] = {core_plugin.NAME: core_plugin.distribution()}
+        self.manager.register(core_plugin, name=core_plugin.NAME)
         self._loaded = False
         self._index: dict[str, Any] | None = None
 
@@ -242,14 +245,21 @@ class Registry:
     def _provided(self, name: str, plugin: Any) -> dict[str, Any] | None:
         """What one plugin's hooks return, or ``None`` (recorded as a failure) when one of them raises."""
         provided: dict[str, Any] = {}
-        for hook in HOOKS:
-            implementation = getattr(plugin, hook, None)
+        for hook, nothing in HOOKS.items():
             try:
-                provided[hook] = (implementation() if implementation else None) or HOOKS[hook]()
+                answers = [implementation.function() for implementation in self._implementations(hook, plugin)]
             except Exception as error:
                 self._fail(name, error, f"in its {hook} hook")
                 return None
+            provided[hook] = next(filter(None, answers), None) or nothing()
         return provided
+
+    def _implementations(self, hook: str, plugin: Any | None = None) -> list[pluggy.HookImpl]:
+        """``hook``'s implementations, of one plugin or of all, in the order pluggy calls them (last registered first)."""
+        implementations = getattr(self.manager.hook, hook).get_hookimpls()[::-1]
+        return [
+            implementation for implementation in implementations if plugin is None or implementation.plugin is plugin
+        ]
 
     def _build_index(self) -> dict[str, Any]:
         self.load()
@@ -338,10 +348,16 @@ class Registry:
             return by_model_type[model_type]
         reasons = []
         if config is not None and model_type not in KNOWN_DISTRIBUTIONS:
-            for answer in self.manager.hook.nnterp_generic_family(config=config):
+            for implementation in self._implementations("nnterp_generic_family"):
+                try:
+                    answer = implementation.function(config=config)
+                except Exception as error:
+                    self._fail(implementation.plugin_name, error, "in its nnterp_generic_family hook")
+                    continue
                 if isinstance(answer, ModuleType):
                     return answer
-                reasons.append(str(answer))
+                if answer is not None:
+                    reasons.append(str(answer))
         plugins = ", ".join(f"{info.name} ({info.distribution or 'registered directly'})" for info in self.plugins())
         found = "".join(f"; its blocks are not a layout a generic family serves: {reason}" for reason in reasons)
         fix = (
@@ -362,14 +378,12 @@ class Registry:
     def generic_plugins(self) -> list[str]:
         """The plugins that build generic families for model types no family names."""
         self.load()
-        return [
-            implementation.plugin_name for implementation in self.manager.hook.nnterp_generic_family.get_hookimpls()
-        ]
+        return [implementation.plugin_name for implementation in self._implementations("nnterp_generic_family")]
 
     def _hint(self, model_type: str) -> str:
         distribution = KNOWN_DISTRIBUTIONS.get(model_type)
         hint = f". It is handled by {distribution}: pip install {distribution}" if distribution else ""
-        failed = [failure for failure in self.failures if failure.distribution == distribution]
+        failed = [failure for failure in self.failures if distribution and failure.distribution == distribution]
         for failure in failed:
             hint += f" (its plugin {failure.name!r} is installed but failed to import: {failure.error})"
         return hint
