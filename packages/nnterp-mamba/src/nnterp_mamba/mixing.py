@@ -183,7 +183,8 @@ class _ChannelBlock:
         rate = self.rate[..., None]  # [channels, state_dim, 1]: against a trailing axis of tokens
         reads = _decay(rate * since_first[:, :, None]).mul_(self.queries[:, None])
         batch, channels, state_dim = *self.step.shape[:2], self.rate.shape[-1]
-        writes = self.step.new_zeros(batch, channels, state_dim, out.shape[-1])
+        writes = self.step.new_empty(batch, channels, state_dim, out.shape[-1])
+        writes[..., first + 1 :] = 0
         written = writes[..., : first + 1]
         torch.mul(rate, until_first[:, :, None], out=written)
         _decay(written).mul_(self.keys[:, None, :, : first + 1]).mul_(self.step[:, :, None, : first + 1])
