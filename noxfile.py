@@ -2,7 +2,8 @@
 
     nox -s tests                     every package x every transformers version (25 environments)
     nox -s "tests(package='nnterp-mamba', transformers='5.17.0')"
-    nox -s wheels                    build every wheel; install nnterp-core + nnterp-mamba alone; run `nnterp plugins`
+    nox -s wheels                    build every wheel; install nnterp-core + nnterp-mamba alone from them; its tests
+    nox -s readme                    the README's install line, verbatim, in a fresh environment (ends in `nnterp check`)
     nox -s lint
     nox -s bench
     nox -s newest                    every package with the newest transformers, past our upper bound: check + coverage
@@ -26,7 +27,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 nox.options.default_venv_backend = "venv"
-nox.options.sessions = ["lint", "tests", "wheels"]
+nox.options.sessions = ["lint", "tests", "wheels", "readme"]
 
 ROOT = pathlib.Path(__file__).parent
 TORCH = "torch==2.13.0"
@@ -49,6 +50,10 @@ PACKAGES = {
 }
 
 
+#: The plugin the wheels session installs alone beside nnterp-core: it depends on another plugin, nnterp-attention.
+ALONE = "nnterp-mamba"
+
+
 def package_dir(name: str) -> str:
     return str(ROOT / "packages" / name)
 
@@ -65,16 +70,31 @@ def tests(session: nox.Session, package: str, transformers: str) -> None:
 
 @nox.session
 def wheels(session: nox.Session) -> None:
-    """Build every wheel, then install nnterp-core and nnterp-mamba from them alone and list the plugins."""
+    """Build every wheel; install nnterp-core and one plugin from them alone, and run that plugin's tests there.
+
+    The plugin (``ALONE``) comes with its ``test`` extra and nothing but what its wheel declares, so a
+    dependency missing from its pyproject fails here: its plugin is reported as failing to load, and its
+    tests find no family.
+    """
     dist = session.create_tmp()
     for package in PACKAGES:
-        session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, package_dir(package))
+        session.run("python", "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, package_dir(package))
     session.install(TORCH)
-    session.install("--find-links", dist, "nnterp-core", "nnterp-mamba")
+    session.install("--find-links", dist, f"{ALONE}[test]")
     output = session.run("nnterp", "plugins", silent=True)
     session.log(output)
-    if "mamba (nnterp-mamba" not in output:
-        session.error("the nnterp-mamba wheel's plugin is not listed by `nnterp plugins`")
+    if f"({ALONE} " not in output or "FAILED" in output:
+        session.error(f"the {ALONE} wheel's plugin does not load beside nnterp-core alone (see above)")
+    # the tests from the repository, the packages from the wheels: importlib mode puts no source tree on the path
+    session.run("pytest", "-q", "-c", str(ROOT / "pyproject.toml"), package_dir(ALONE) + "/tests", env=OFFLINE)
+
+
+@nox.session
+def readme(session: nox.Session) -> None:
+    """The README's install line, verbatim, in a fresh environment: it installs everything and ``nnterp check`` passes."""
+    text = (ROOT / "README.md").read_text()
+    line = next(line for line in text.splitlines() if line.startswith("pip install "))
+    session.run("bash", "-c", line, external=True, env=OFFLINE)
 
 
 @nox.session
