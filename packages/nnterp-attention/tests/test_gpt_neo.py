@@ -3,6 +3,7 @@
 import torch
 
 from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close
+from nnterp_attention.testing import AlibiAttentionSuite
 
 
 def windowed(seq: int, window: int | None) -> torch.Tensor:
@@ -49,7 +50,7 @@ class GPTNeoChecks:
         assert tuple(keys.shape) == (1, attention.num_heads, seq + 1, attention.head_dim)
 
 
-class TestGPTNeo(GPTNeoChecks, LayerSuite, AttentionSuite):
+class TestGPTNeo(GPTNeoChecks, LayerSuite, AlibiAttentionSuite):
     family = "gpt_neo"
 
 

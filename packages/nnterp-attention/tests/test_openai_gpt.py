@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from nnterp import POST_NORM_ATTENTION, POST_NORM_MLP
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close
+from nnterp.testing import PROMPT, LayerSuite, close
+from nnterp_attention.testing import AlibiAttentionSuite
 
 
-class TestOpenAIGPT(LayerSuite, AttentionSuite):
+class TestOpenAIGPT(LayerSuite, AlibiAttentionSuite):
     family = "openai_gpt"
 
     def test_post_norm_block_has_no_pre_norm_outputs(self) -> None:

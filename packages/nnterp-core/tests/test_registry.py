@@ -172,10 +172,10 @@ def test_a_raising_generic_family_hook_is_reported_and_the_next_plugin_still_ser
 
 def test_core_suites_are_a_plugin_of_every_registry_and_go_with_it():
     """Core's suites reach ``nnterp check`` only through its built-in plugin, as a plugin's do."""
-    from nnterp.cli import suite_for
     from nnterp.components.layer import Layer
     from nnterp.components.moe import Moe
     from nnterp.testing import LayerSuite, MoeSuite, tiny_standardized
+    from nnterp.testing.assembly import suite_for
 
     registry = Registry()
     (core,) = [info for info in registry.plugins() if info.name == "nnterp"]

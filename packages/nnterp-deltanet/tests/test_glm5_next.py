@@ -1,11 +1,11 @@
 import subprocess
 import sys
 
-from nnterp.testing import PROMPT, AttentionSuite, HyperConnectionSuite, MoeSuite, close
-from nnterp_deltanet.testing import DeltaNetSuite
+from nnterp.testing import PROMPT, AttentionSuite, HyperConnectionSuite, MoeSuite, close, save_tiny
+from nnterp_deltanet.testing import DeltaNetSuite, Glm5NextVisionSuite
 
 
-class TestGlm5Next(HyperConnectionSuite, AttentionSuite, DeltaNetSuite, MoeSuite):
+class TestGlm5Next(Glm5NextVisionSuite, HyperConnectionSuite, AttentionSuite, DeltaNetSuite, MoeSuite):
     family = "glm5_next"
 
     def test_the_final_norm_reads_the_mean_of_the_streams(self) -> None:
@@ -16,7 +16,7 @@ class TestGlm5Next(HyperConnectionSuite, AttentionSuite, DeltaNetSuite, MoeSuite
 
     def test_a_fresh_process_loads_the_wrapper_by_path_for_text(self, tmp_path) -> None:
         """transformers maps no causal LM to glm5_next: loading one by path registers the wrapper first."""
-        self.save_model(str(tmp_path))
+        save_tiny(self.family, str(tmp_path))  # the text checkpoint: a tokenizer, no processor
         script = (
             "import sys; from nnterp import StandardizedTransformer\n"
             "model = StandardizedTransformer(sys.argv[1])\n"

@@ -1,6 +1,6 @@
 """MiniMax: lightning attention, softmax attention and a sparse mixture of experts, with a weighted residual.
 
-The same suites ``nnterp check minimax`` runs (``nnterp.cli.suite_for``).
+The same suites ``nnterp check minimax`` runs (``nnterp.testing.assembly.suite_for``).
 """
 
 from nnterp.testing import AttentionSuite, MoeSuite

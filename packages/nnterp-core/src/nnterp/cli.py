@@ -101,27 +101,6 @@ def support(out: TextIO, model_id: str | None) -> int:
     return 0
 
 
-def suite_for(family: ModuleType, model: Any) -> type:
-    """The conformance suite class of a family: the suite of every standard envoy ``model`` has (its blocks' included).
-
-    ``model`` (a tiny model of the family) only says which envoys the family uses; the suite builds its own.
-    """
-    from .testing.vision import VisionSuite
-
-    envoy_types = {type(envoy) for envoy in model.modules()}
-    suites: list[type] = []
-    for envoy_class, suite in REGISTRY.suites().items():
-        if suite not in suites and any(issubclass(kind, envoy_class) for kind in envoy_types):
-            suites.append(suite)
-    # A suite that extends another (a packed tower's VisionSuite, a hyper-connection block's LayerSuite) replaces it.
-    suites = [suite for suite in suites if not any(other is not suite and issubclass(other, suite) for other in suites)]
-    # The vision suite first: it builds the model with its processor, where the text side's suites run too.
-    suites.sort(key=lambda suite: not issubclass(suite, VisionSuite))
-    # A generic family is registered under no name, so its suite holds the module itself.
-    named = family if getattr(family, "GENERIC", None) else family_name(family)
-    return type(f"Check_{family_name(family)}", tuple(suites), {"family": named})
-
-
 def run_suite(suite: type, progress: Callable[[int, int], None]) -> tuple[int, int, list[tuple[str, str]]]:
     """Run every ``test_*`` of a suite class as pytest would, between its setup_class and teardown_class.
 
@@ -190,6 +169,8 @@ def check_families(out: TextIO, families: list[ModuleType], results: list[dict[s
     ``results``, when given, gets a dict per family: its name, plugin, model types, counts and failures.
     """
     from transformers.utils import logging
+
+    from .testing.assembly import suite_for
 
     logging.disable_progress_bar()
     logging.set_verbosity_error()  # transformers' notes that it runs its pure-torch kernels: that is the point here

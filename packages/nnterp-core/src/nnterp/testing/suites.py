@@ -76,6 +76,9 @@ class Suite:
     family: ClassVar[str]
     load: ClassVar[dict[str, Any]] = {}
     model: ClassVar[StandardizedTransformer]
+    #: Whether ``nnterp check`` runs it on a family whose model it applies to; a suite of nnterp's own machinery
+    #: (``ForwardChangeSuite``, which rewrites a forward) runs under pytest only.
+    conformance: ClassVar[bool] = True
 
     @classmethod
     def build_model(cls) -> StandardizedTransformer:
@@ -114,6 +117,35 @@ class LayerSuite(Suite):
         block = self.model.layers[layer]
         order = getattr(self.model.family, "CONTRIBUTIONS", CONTRIBUTIONS)
         return [(module, value) for module, value in order if getattr(block, module, None) is not None]
+
+    def test_the_class_runs_the_suites_nnterp_check_runs(self) -> None:
+        """A family's test class runs the suites ``nnterp check`` gives its model, and no unrelated one.
+
+        ``suite_for`` decides them. A suite that extends a checked one may stand for it (DOGE's scores carry a
+        bias: ``AlibiAttentionSuite`` for ``AttentionSuite``). A class with ``load`` tests a configuration
+        ``nnterp check`` never builds, and chooses its suites itself.
+        """
+        from .assembly import suite_for
+
+        if self.load:
+            raise unittest.SkipTest("a variant configuration: nnterp check builds the family's default one")
+        checked = suite_for(self.model.family, self.model).__bases__
+        # a suite is what a testing kit publishes (nnterp.testing, a plugin's .testing), whether registered or not
+        here = [
+            suite
+            for suite in type(self).__mro__
+            if issubclass(suite, Suite) and suite is not Suite and ".testing" in suite.__module__ and suite.conformance
+        ]
+        missing = [suite.__name__ for suite in checked if not issubclass(type(self), suite)]
+        more = [
+            suite.__name__
+            for suite in here
+            if not any(issubclass(other, suite) or issubclass(suite, other) for other in checked)
+        ]
+        assert not missing and not more, (
+            f"{type(self).__name__} runs suites other than `nnterp check`'s for its model (suite_for): add {missing}, "
+            f"drop {more}"
+        )
 
     def test_contributions_add_up_to_layer_output(self) -> None:
         model = self.model
