@@ -199,7 +199,7 @@ class TestFalcon40B(LayerSuite, AttentionSuite, FalconSuite, ParallelBlock):
             assert not torch.allclose(keys[:, 0], keys[:, 1]), "the two groups got the same key"
 
 
-class TestFalcon7B(LayerSuite, AttentionSuite, FalconSuite, ParallelBlock):
+class TestFalcon7B(LayerSuite, AlibiAttentionSuite, FalconSuite, ParallelBlock):
     """parallel_attn with one norm and multi_query: both sublayers are called with input_layernorm's output."""
 
     family = "falcon"
