@@ -5,11 +5,12 @@ import io
 import pytest
 import torch
 from torch import nn
+from transformers import AutoModelForCausalLM
 
 import nnterp
 from nnterp import PARALLEL, POST_NORM_ATTENTION, POST_NORM_MLP, StandardizedTransformer, UnknownModelType, Unrecognized
 from nnterp.census import coverage, tiny_config_of
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close, save_tiny
+from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close, local_tokenizer, save_tiny
 from nnterp_attention.block_layout import BlockLayout, read_layout
 from nnterp_attention.generic import attention_envoy, generic_family
 
@@ -67,6 +68,23 @@ class Switchable(nn.Module):
         return x + self.ff(self.ln_b(x))
 
 
+class Chosen(nn.Module):
+    """An MLP call chosen by an attribute in one expression, as Moshi chooses its flexible linear."""
+
+    def __init__(self, flexible):
+        super().__init__()
+        self.flexible = flexible
+        self.ln_a, self.attn, self.ln_b, self.ff = Norm(4), Mixer(4, 4), Norm(4), nn.Linear(4, 4)
+
+    def forward(self, x, codebook=None):
+        x = x + self.attn(self.ln_a(x))[0]
+        return x + (self.ff(self.ln_b(x)) if not self.flexible else self.ff(x))
+
+    def undecided(self, x, codebook):
+        x = x + self.attn(self.ln_a(x))[0]
+        return x + (self.ff(self.ln_b(x)) if codebook is None else self.ff(x))
+
+
 class Sandwich(nn.Module):
     def __init__(self):
         super().__init__()
@@ -120,6 +138,14 @@ def test_a_pre_norm_block_is_read_with_its_norms_and_sublayers():
 def test_a_condition_on_the_module_is_decided_against_it():
     assert read_layout(Switchable(parallel=True)).parallel
     assert not read_layout(Switchable(parallel=False)).parallel
+
+
+def test_a_value_chosen_by_a_condition_on_the_module_is_read_on_the_side_it_takes(monkeypatch):
+    assert read_layout(Chosen(flexible=False)).mlp_norm == "ln_b"
+    assert read_layout(Chosen(flexible=True)).mlp_norm is None
+    monkeypatch.setattr(Chosen, "forward", Chosen.undecided)
+    with pytest.raises(Unrecognized, match=r"a condition it cannot decide: codebook is None"):
+        read_layout(Chosen(flexible=False))
 
 
 def test_norms_after_the_sublayers_are_told_from_the_norms_before():
@@ -280,6 +306,29 @@ def test_a_saved_model_of_an_unnamed_type_loads_by_path_as_generic(tmp_path):
     assert repr(model).startswith(f"StandardizedTransformer (generic family of 'codegen': {model.generic})")
     assert model.support().generic == model.generic
     assert "generic family" in repr(model.support())
+
+
+def test_a_checkpoint_whose_causal_lm_is_its_text_model_loads_by_path_as_generic(tmp_path):
+    """Dots3-Note's causal LM is built from its text config; a released checkpoint states the multimodal type."""
+    config = tiny_config_of("dots3_note")
+    model = AutoModelForCausalLM.from_config(config)
+    assert model.config.model_type == "dots3_note_text"
+    model.save_pretrained(tmp_path)
+    config.save_pretrained(tmp_path)
+    local_tokenizer(config.get_text_config().vocab_size).save_pretrained(tmp_path)
+    loaded = StandardizedTransformer(tmp_path)
+    assert loaded.family is generic("dots3_note") and loaded.generic.startswith("sequential block")
+    with loaded.trace(PROMPT):
+        entering = loaded.layers[0].layer_input.save()
+        attention = loaded.layers[0].self_attn.attention_output.save()
+        mlp = loaded.layers[0].mlp.mlp_output.save()
+        leaving = loaded.layers[0].layer_output.save()
+    close(entering + attention + mlp, leaving, what="layer_input + attention + mlp")
+
+
+def test_a_causal_lm_configured_by_a_text_config_the_mapping_does_not_name_is_refused_saying_so():
+    reason = generic_family(tiny_config_of("emu3"))
+    assert isinstance(reason, Unrecognized) and "'emu3_text_model', which transformers' causal-LM" in str(reason)
 
 
 def test_a_named_family_is_not_marked_generic():

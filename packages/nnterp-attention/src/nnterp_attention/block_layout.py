@@ -10,7 +10,8 @@ one ``x + attn(norm1(x)) + mlp(norm2(x))``; a block that normalizes each
 sublayer's output before adding it wraps each contribution in a post-norm.
 
 Conditions on the module's own attributes or config (``if
-self.use_parallel_residual``) are evaluated against the module, so the layout
+self.use_parallel_residual``, or Moshi's ``a if not self.use_flexible_linear
+else b``) are evaluated against the module, so the layout
 is the one this checkpoint's config selects. Anything the evaluator cannot
 follow (a loop, a scaled residual, a branch it cannot decide that changes the
 stream) makes the block unrecognized, with the reason.
@@ -202,6 +203,11 @@ class ForwardReader:
                 attribute = self.number_attribute(factor)
                 if attribute is not None:
                     return ("scaled", self.value(term, env), attribute)
+        if isinstance(node, ast.IfExp):
+            decided = self.condition(node.test)
+            if decided is None:
+                return opaque(f"a value chosen by a condition it cannot decide: {ast.unparse(node.test)}")
+            return self.value(node.body if decided else node.orelse, env)
         if isinstance(node, ast.Tuple):
             return ("tuple", *(self.value(element, env) for element in node.elts))
         if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):

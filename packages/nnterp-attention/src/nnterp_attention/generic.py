@@ -179,7 +179,7 @@ def generic_family(config: Any) -> ModuleType | Unrecognized | None:
         try:
             with torch.device("meta"):
                 model = AutoModelForCausalLM.from_config(config)
-            if model.config.model_type != config.model_type:
+            if model.config.model_type not in (config.model_type, *MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
                 raise Unrecognized(
                     f"its causal LM is configured by its text model's config, of type {model.config.model_type!r}, "
                     f"which transformers' causal-LM mapping does not name"
