@@ -15,6 +15,7 @@ from nnterp.components.call_site import CallSite, forward_arguments, needs_kerne
 from nnterp.components.declaration import mismatch_message
 from nnterp.components.per_call import per_call, pinned, replace_per_call
 from nnterp.components.per_token import ALWAYS
+from nnterp.components.states_memory import reusable_states
 from nnterp.descriptor import inside_trace, resolve
 from nnterp.forward_source import Binding, Call, ForwardSource, NotInForward
 from nnterp.layouts import Gates, LinearHeadOutputs, LinearQK, LinearV, Mixing, State, States
@@ -374,13 +375,19 @@ class LightningAttention(RecurrentMixer):
     state_trajectory = DerivedEProperty(_state_trajectory, unavailable=needs_kernel_call)
 
     def states_from_arguments(self, positions: Positions, dtype: torch.dtype | None) -> States:
-        """The states after ``positions`` (``lightning_states``), in ``dtype`` or the values' dtype."""
+        """The states after ``positions`` (``lightning_states``), in ``dtype`` or the values' dtype.
+
+        They record no gradient (``trajectory``), so they go into the memory this mixer's last ones took, once
+        nothing refers to those (:func:`nnterp.components.states_memory.reusable_states`).
+        """
         _, keys, values = self.call_arguments()
         chosen, order, single = select_positions(positions, keys.shape[1])
         wanted = dtype or values.dtype
         # the recurrence is computed in float32 at least: bfloat16 chunk sums would drift
         work = torch.promote_types(wanted, torch.float32)
-        states = lightning_states(keys, values, self.slopes(), self.entering_state(), chosen, work).to(wanted)
+        memory = functools.partial(reusable_states, self._module, keys.new_empty(0, dtype=work))
+        states = lightning_states(keys, values, self.slopes(), self.entering_state(), chosen, work, memory)
+        states = states.to(wanted)
         if order is not None:
             states = states[:, order]
         return states[:, 0] if single else states

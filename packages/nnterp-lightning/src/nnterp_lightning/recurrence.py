@@ -12,6 +12,8 @@ token by token over a cache; both equal the recurrence above. Everything here wo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 #: Tokens per chunk when states are computed: a chunk is one batched product, chunks run one after the other.
@@ -32,18 +34,22 @@ def lightning_states(
     state: torch.Tensor | None,
     positions: torch.Tensor,
     dtype: torch.dtype,
+    memory: Callable[[tuple[int, ...]], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The state after each of ``positions`` (sorted), [batch, len(positions), heads, key_dim, value_dim].
 
     ``keys`` [batch, seq, heads, key_dim] and ``values`` [batch, seq, heads, value_dim] as served; ``slopes``
     [heads]; ``state`` [batch, heads, key_dim, value_dim], the state before the first token, or ``None`` for zeros.
-    Computed chunk by chunk: inside a chunk every state at once from the decay matrix, the chunk's last state carried.
+    Where most positions are asked for, every state is scanned into ``memory(shape)`` (uninitialized, of ``dtype``
+    on the keys' device; fresh memory without ``memory``); otherwise they are computed chunk by chunk: inside a chunk every state at once from the decay matrix,
+    the chunk's last state carried.
     """
     batch, seq, heads, key_dim = keys.shape
     value_dim = values.shape[-1]
     keys, values, slopes = keys.to(dtype), values.to(dtype), slopes.to(dtype)
     if len(positions) * 4 >= seq:
-        states = _scanned(keys, values, slopes, state)
+        shape = (batch, seq, heads, key_dim, value_dim)
+        states = _scanned(keys, values, slopes, state, keys.new_empty(shape) if memory is None else memory(shape))
         every = len(positions) == seq and bool((positions.cpu() == torch.arange(seq)).all())
         # every state in order is the scan's own tensor: indexing would copy seq x heads x key_dim x value_dim floats
         return states if every else states[:, positions.to(keys.device)]
@@ -71,14 +77,15 @@ def lightning_states(
 
 
 def _scanned(
-    keys: torch.Tensor, values: torch.Tensor, slopes: torch.Tensor, state: torch.Tensor | None
+    keys: torch.Tensor, values: torch.Tensor, slopes: torch.Tensor, state: torch.Tensor | None, out: torch.Tensor
 ) -> torch.Tensor:
-    """Every state, token by token, in place: the writes ``k_t^T v_t`` first, then each decays its predecessor in.
+    """Every state, token by token, in place in ``out``: the writes ``k_t^T v_t`` first, then each decays its
+    predecessor in.
 
     Three passes over the result's memory (the writes, and each state read and updated once), which is what
     ``state_trajectory`` costs beyond allocating it; a fused multiply-add per token, with no temporary.
     """
-    states = keys[..., :, None] * values[..., None, :]
+    states = torch.mul(keys[..., :, None], values[..., None, :], out=out)
     keep = torch.exp(-slopes)[None, :, None, None].expand(states.shape[0], -1, *states.shape[-2:])
     if state is not None:
         states[:, 0].addcmul_(keep, state.to(states))
