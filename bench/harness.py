@@ -8,15 +8,17 @@ are the result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from nnterp import StandardizedTransformer
+from nnterp import StandardizedTransformer, route_kernels
 from nnterp.testing import local_tokenizer
 
 #: One timed run: it takes the prompt length.
@@ -79,6 +81,39 @@ def read(model: StandardizedTransformer, mixers: list, values: Iterable[str], id
                         value.save()
 
     return run
+
+
+def mixer_readings(
+    options: argparse.Namespace,
+    model_type: str,
+    config: dict,
+    readings: dict[str, Iterable[str]],
+    title: Callable[[list], str],
+    mixers: Callable[[StandardizedTransformer], list] = lambda model: [layer.linear_attn for layer in model.layers],
+    routed: ModuleType | None = None,
+    **load: object,
+) -> None:
+    """Time the plain forward against a trace per reading (its label, the values it reads on every mixer), side by
+    side, and print each reading's ratio to the plain forward under ``title(mixers)``.
+
+    With ``routed``, that family's kernels are routed to the token loop for the runs (before the first trace:
+    nnsight compiles the mixers over these bindings), and back after.
+    """
+    ids = token_ids(options.lengths, config["vocab_size"])
+    routing = contextlib.ExitStack()
+    if routed is not None:
+        route_kernels(routed, "torch")
+        routing.callback(route_kernels, routed, "default")
+    with routing:
+        plain, traced = twins(model_type, config, **load)
+        model = standardized(traced)
+        chosen = mixers(model)
+        runs = {
+            "plain": forward(plain, ids),
+            **{label: read(model, chosen, values, ids) for label, values in readings.items()},
+        }
+        times = medians(runs, options.lengths, options.repeats)
+    table(title(chosen), times, [(label, "plain") for label in readings])
 
 
 def medians(

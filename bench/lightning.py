@@ -46,20 +46,12 @@ VALUES = (
 def main() -> None:
     options = harness.options(__doc__.splitlines()[0], layers=2)
     config = {**CONFIG, "num_hidden_layers": options.layers, "layer_types": ["linear_attention"] * options.layers}
-    ids = harness.token_ids(options.lengths, CONFIG["vocab_size"])
-    plain, traced = harness.twins("minimax", config)
-    model = harness.standardized(traced)
-    mixers = [layer.linear_attn for layer in model.layers]
-    runs = {
-        "plain": harness.forward(plain, ids),
-        "values": harness.read(model, mixers, VALUES, ids),
-        "trajectory": harness.read(model, mixers, ["state_trajectory"], ids),
-    }
-    times = harness.medians(runs, options.lengths, options.repeats)
-    harness.table(
-        f"MiniMax lightning attention, {options.layers} mixers (8 heads x 64), hidden 512",
-        times,
-        [("values", "plain"), ("trajectory", "plain")],
+    harness.mixer_readings(
+        options,
+        "minimax",
+        config,
+        {"values": VALUES, "trajectory": ["state_trajectory"]},
+        lambda mixers: f"MiniMax lightning attention, {len(mixers)} mixers (8 heads x 64), hidden 512",
     )
 
 

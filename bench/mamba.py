@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import harness
 
-from nnterp import route_kernels
 from nnterp.families import mamba
 
 CONFIG = dict(
@@ -49,25 +48,13 @@ VALUES = (
 
 def main() -> None:
     options = harness.options(__doc__.splitlines()[0], layers=4)
-    config = {**CONFIG, "num_hidden_layers": options.layers}
-    ids = harness.token_ids(options.lengths, CONFIG["vocab_size"])
-    route_kernels(mamba, "torch")  # before the first trace: nnsight compiles the mixers over these bindings
-    try:
-        plain, traced = harness.twins("mamba", config)
-        model = harness.standardized(traced)
-        mixers = [layer.linear_attn for layer in model.layers]
-        runs = {
-            "plain": harness.forward(plain, ids),
-            "values": harness.read(model, mixers, VALUES, ids),
-            "states": harness.read(model, mixers, ["states"], ids),
-        }
-        times = harness.medians(runs, options.lengths, options.repeats)
-    finally:
-        route_kernels(mamba, "default")
-    harness.table(
-        f"Mamba-1, {options.layers} mixers (1536 channels x state 16), hidden 768",
-        times,
-        [("values", "plain"), ("states", "plain")],
+    harness.mixer_readings(
+        options,
+        "mamba",
+        {**CONFIG, "num_hidden_layers": options.layers},
+        {"values": VALUES, "states": ["states"]},
+        lambda mixers: f"Mamba-1, {len(mixers)} mixers (1536 channels x state 16), hidden 768",
+        routed=mamba,
     )
 
 

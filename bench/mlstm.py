@@ -54,21 +54,12 @@ VALUES = (
 
 def main() -> None:
     options = harness.options(__doc__.splitlines()[0], layers=4)
-    config = {**CONFIG, "num_hidden_layers": options.layers}
-    ids = harness.token_ids(options.lengths, CONFIG["vocab_size"])
-    plain, traced = harness.twins("xlstm", config)
-    model = harness.standardized(traced)
-    mixers = [layer.linear_attn for layer in model.layers]
-    runs = {
-        "plain": harness.forward(plain, ids),
-        "values": harness.read(model, mixers, VALUES, ids),
-        "states": harness.read(model, mixers, ["state_trajectory"], ids),
-    }
-    times = harness.medians(runs, options.lengths, options.repeats)
-    harness.table(
-        f"xLSTM, {options.layers} mLSTM layers (8 heads, 16 x 32 memories), hidden 256",
-        times,
-        [("values", "plain"), ("states", "plain")],
+    harness.mixer_readings(
+        options,
+        "xlstm",
+        {**CONFIG, "num_hidden_layers": options.layers},
+        {"values": VALUES, "states": ["state_trajectory"]},
+        lambda mixers: f"xLSTM, {len(mixers)} mLSTM layers (8 heads, 16 x 32 memories), hidden 256",
     )
 
 

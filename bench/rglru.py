@@ -48,22 +48,15 @@ VALUES = (
 
 def main() -> None:
     options = harness.options(__doc__.splitlines()[0], layers=3)
-    config = {**CONFIG, "num_hidden_layers": options.layers, "block_types": ["recurrent", "recurrent", "attention"]}
-    ids = harness.token_ids(options.lengths, CONFIG["vocab_size"])
-    plain, traced = harness.twins("recurrent_gemma", config)
-    model = harness.standardized(traced)
-    mixers = [layer.linear_attn for layer in model.layers if getattr(layer, "linear_attn", None) is not None]
-    runs = {
-        "plain": harness.forward(plain, ids),
-        "trajectory": harness.read(model, mixers, ["state_trajectory"], ids),
-        "states": harness.read(model, mixers, ["states"], ids),
-        "values": harness.read(model, mixers, VALUES, ids),
-    }
-    times = harness.medians(runs, options.lengths, options.repeats)
-    harness.table(
-        f"RecurrentGemma, {len(mixers)} RG-LRU blocks of {options.layers} (lru_width 512), hidden 512",
-        times,
-        [("trajectory", "plain"), ("states", "plain"), ("values", "plain")],
+    harness.mixer_readings(
+        options,
+        "recurrent_gemma",
+        {**CONFIG, "num_hidden_layers": options.layers, "block_types": ["recurrent", "recurrent", "attention"]},
+        {"trajectory": ["state_trajectory"], "states": ["states"], "values": VALUES},
+        lambda mixers: f"RecurrentGemma, {len(mixers)} RG-LRU blocks of {options.layers} (lru_width 512), hidden 512",
+        mixers=lambda model: [
+            layer.linear_attn for layer in model.layers if getattr(layer, "linear_attn", None) is not None
+        ],
     )
 
 

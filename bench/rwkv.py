@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import harness
 
-from nnterp import route_kernels
 from nnterp.families import rwkv
 
 CONFIG = dict(
@@ -38,25 +37,13 @@ CONFIG = dict(
 
 def main() -> None:
     options = harness.options(__doc__.splitlines()[0], layers=4)
-    config = {**CONFIG, "num_hidden_layers": options.layers}
-    ids = harness.token_ids(options.lengths, CONFIG["vocab_size"])
-    route_kernels(rwkv, "torch")  # before the first trace: nnsight compiles the mixers over these bindings
-    try:
-        plain, traced = harness.twins("rwkv", config)
-        model = harness.standardized(traced)
-        mixers = [layer.linear_attn for layer in model.layers]
-        runs = {
-            "plain": harness.forward(plain, ids),
-            "trajectory": harness.read(model, mixers, ["state_trajectory"], ids),
-            "states": harness.read(model, mixers, ["states"], ids),
-        }
-        times = harness.medians(runs, options.lengths, options.repeats)
-    finally:
-        route_kernels(rwkv, "default")
-    harness.table(
-        f"RWKV-4, {options.layers} WKV mixers (256 channels), hidden 256",
-        times,
-        [("trajectory", "plain"), ("states", "plain")],
+    harness.mixer_readings(
+        options,
+        "rwkv",
+        {**CONFIG, "num_hidden_layers": options.layers},
+        {"trajectory": ["state_trajectory"], "states": ["states"]},
+        lambda mixers: f"RWKV-4, {len(mixers)} WKV mixers (256 channels), hidden 256",
+        routed=rwkv,
     )
 
 

@@ -46,21 +46,14 @@ VALUES = (
 def main() -> None:
     options = harness.options(__doc__.splitlines()[0], layers=4)
     layer_types = ["conv" if i % 2 == 0 else "full_attention" for i in range(options.layers)]
-    config = {**CONFIG, "num_hidden_layers": options.layers, "layer_types": layer_types}
-    ids = harness.token_ids(options.lengths, CONFIG["vocab_size"])
-    plain, traced = harness.twins("lfm2", config, attn_implementation="eager")
-    model = harness.standardized(traced)
-    mixers = [model.layers[i].linear_attn for i, kind in enumerate(layer_types) if kind == "conv"]
-    runs = {
-        "plain": harness.forward(plain, ids),
-        "values": harness.read(model, mixers, VALUES, ids),
-        "trajectory": harness.read(model, mixers, ["state_trajectory"], ids),
-    }
-    times = harness.medians(runs, options.lengths, options.repeats)
-    harness.table(
-        f"LFM2, {len(mixers)} conv blocks of {len(layer_types)} (256 channels x window 3), hidden 256",
-        times,
-        [("values", "plain"), ("trajectory", "plain")],
+    harness.mixer_readings(
+        options,
+        "lfm2",
+        {**CONFIG, "num_hidden_layers": options.layers, "layer_types": layer_types},
+        {"values": VALUES, "trajectory": ["state_trajectory"]},
+        lambda mixers: f"LFM2, {len(mixers)} conv blocks of {len(layer_types)} (256 channels x window 3), hidden 256",
+        mixers=lambda model: [model.layers[i].linear_attn for i, kind in enumerate(layer_types) if kind == "conv"],
+        attn_implementation="eager",
     )
 
 
