@@ -25,6 +25,7 @@ from .families import (
     gpt2,
     gpt_neo,
     gpt_neox,
+    gpt_neox_japanese,
     gpt_oss,
     granitemoe,
     hy_v4,
@@ -38,6 +39,7 @@ from .families import (
     mistral,
     mistral3,
     mixtral,
+    modernbert_decoder,
     mpt,
     olmo2,
     olmoe,
@@ -58,6 +60,7 @@ from .families import (
     roformer,
     xlm_roberta,
     xlm_roberta_xl,
+    xmod,
 )
 from .generic import generic_family
 from .own_arithmetic import OwnArithmeticAttention
@@ -81,6 +84,9 @@ def nnterp_families():
         gpt_neo,
         openai_gpt,
         doge,
+        gpt_neox_japanese,
+        modernbert_decoder,
+        xmod,
     ]
 
 
