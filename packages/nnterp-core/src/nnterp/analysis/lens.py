@@ -169,7 +169,10 @@ def head(model: Any) -> Head:
                 f"readable loop over self.{blocks}, so what it applies after them (a final norm) is unknown; a family "
                 "can name its head's modules in HEAD"
             )
-        methods = [name for name in called if not isinstance(getattr(parent, name, None), torch.nn.Module)]
+        # an attribute the parent lacks is never called on a forward that runs: a branch this config does not take
+        # (X-MOD's final LayerNorm, built with pre_norm only)
+        called = [name for name in called if hasattr(parent, name)]
+        methods = [name for name in called if not isinstance(getattr(parent, name), torch.nn.Module)]
         if methods:
             raise Unavailable(
                 f"unembed on a {types[0]} model: after its blocks {type(parent).__name__}.forward calls "
