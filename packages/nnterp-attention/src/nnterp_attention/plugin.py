@@ -13,6 +13,7 @@ from .families import (
     data2vec_text,
     dbrx,
     deepseek_v3,
+    deepseek_v4,
     doge,
     electra,
     ernie,
@@ -73,6 +74,7 @@ def nnterp_families():
     return [
         *(llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2, phi3, gpt2, gpt_neox, bloom, mpt, falcon, gpt_oss),
         *(mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, mimo_v2_flash, granitemoe, hy_v4),
+        deepseek_v4,
         *(dbrx, llama4_text),
         *(llava, llava_next, gemma3, mistral3, llama4),
         *(qwen2_vl, qwen2_5_vl, qwen3_vl),

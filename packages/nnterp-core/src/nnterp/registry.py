@@ -46,6 +46,7 @@ KNOWN_DISTRIBUTIONS = {
             "qwen3_moe",
             "olmoe",
             "deepseek_v3",
+            "deepseek_v4",
             "mimo_v2_flash",
             "granitemoe",
             "hy_v4",

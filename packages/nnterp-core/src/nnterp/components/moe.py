@@ -47,7 +47,7 @@ MOE_ORDER = (
 class Scoring:
     """What a router's logits mean: how it turns them into each token's expert indices and weights.
 
-    ``function`` (``"softmax"`` or ``"sigmoid"``) scores the logits. A router
+    ``function`` (``"softmax"``, ``"sigmoid"`` or ``"sqrtsoftplus"``) scores the logits. A router
     picks the ``top_k`` highest scores, or, with ``bias``, the highest of the
     scores plus that router attribute (a selection bias that chooses experts
     but does not weigh them), within its best ``n_group`` / ``topk_group``
@@ -74,6 +74,8 @@ class Scoring:
     def score(self, logits: torch.Tensor) -> torch.Tensor:
         """The scores of ``logits``, in float32."""
         logits = logits.float()
+        if self.function == "sqrtsoftplus":
+            return torch.nn.functional.softplus(logits).sqrt()
         return logits.sigmoid() if self.function == "sigmoid" else logits.softmax(-1)
 
     def route(self, router: torch.nn.Module, logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
