@@ -140,13 +140,17 @@ class VisionSuite(Suite):
         """The (images, patches) axes of ``patch_embeddings`` the processor's output implies.
 
         A packed tower: one row of every image's patches (``patches_per_image``).
-        A fixed-resolution tower: one row per image (or tile), the square grid
-        of its configured image size.
+        A tower its processor hands patches, ``[images, patches, patch_pixels]``
+        (Gemma-4's, each image padded to a patch budget): one row per image of
+        those patches. A fixed-resolution tower: one row per image (or tile),
+        the square grid of its configured image size.
         """
         vision = self.model.vision
         if hasattr(type(vision), "patches_per_image"):
             return 1, sum(vision.patches_per_image(encoding))
         pixels = encoding["pixel_values"]
+        if pixels.dim() == 3:
+            return tuple(pixels.shape[:2])
         # Tiles (LLaVA-NeXT's anyres), [images, tiles, 3, H, W], padded with zero tiles the tower does not run on.
         rows = int((pixels.flatten(2) != 0).any(-1).sum()) if pixels.dim() == 5 else pixels.shape[0]
         return rows, (vision.image_size // vision.patch_size) ** 2
@@ -185,7 +189,8 @@ class VisionSuite(Suite):
             queries = attention.attention_queries.save()
             keys = attention.attention_keys.save()
             pattern = attention.attention_probabilities.save()
-        scores = queries @ keys.transpose(-1, -2) * queries.shape[-1] ** -0.5
+        # the module's own scale where it states one (Gemma-4's tower scales by one: its queries and keys are normed)
+        scores = queries @ keys.transpose(-1, -2) * getattr(attention._module, "scaling", queries.shape[-1] ** -0.5)
         # A packed tower masks other images' patches out; its pattern is zero there.
         masked = pattern == 0
         expected = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1)
