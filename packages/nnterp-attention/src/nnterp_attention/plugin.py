@@ -21,6 +21,7 @@ from .families import (
     gemma2,
     gemma3,
     gemma3_text,
+    gemma3n_text,
     gemma4,
     gemma4_text,
     gemma4_unified,
@@ -93,16 +94,18 @@ def nnterp_families():
         gpt_neox_japanese,
         modernbert_decoder,
         xmod,
+        gemma3n_text,
     ]
 
 
 @nnterp.hookimpl
 def nnterp_suites():
-    from .testing import AlibiAttentionSuite, QwenVisionSuite, SinkAttentionSuite
+    from .testing import AlibiAttentionSuite, Gemma3nLayerSuite, QwenVisionSuite, SinkAttentionSuite
 
     # The subclass's suite first: `nnterp check` combines the suites of every base, most derived first.
     return {
         QwenVisionAttention: QwenVisionSuite,
+        gemma3n_text.Gemma3nLayer: Gemma3nLayerSuite,
         SinkAttention: SinkAttentionSuite,
         OwnArithmeticAttention: AlibiAttentionSuite,
         Attention: AttentionSuite,

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
 
 from nnterp import StandardizedTransformer, Unavailable
-from nnterp.testing import PROMPT, AttentionSuite, close
+from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close
 from nnterp.testing.suites import raises
 from nnterp.testing.vision import VisionSuite, tiny_vision_model
+
+from .families.gemma3n_text import as_streams, stacked
 
 
 def causal_softmax(bias: torch.Tensor) -> torch.Tensor:
@@ -246,3 +249,108 @@ class QwenVisionSuite(VisionSuite):
             return merged
         order, _ = self.windows(self.encoding())
         return merged[order.argsort()]
+
+
+#: The block's values in its forward's order: the streams, then the active stream's, then the streams again.
+BLOCK_VALUES = (
+    "layer_input",
+    "predicted_streams",
+    "active_input",
+    "laurel.laurel_output",
+    "self_attn.attention_output",
+    "layer_mid",
+    "mlp.mlp_output",
+    "active_output",
+    "ple.per_layer_output",
+    "layer_output",
+)
+
+
+class Gemma3nLayerSuite(LayerSuite):
+    """AltUp's streams through every Gemma-3n block: predicted from the entering streams, corrected by the active one.
+
+    The layer suite's identities, with the block's own ``altup.predict`` and
+    ``altup.correct`` recomputing the streams from the served values (see the
+    family's docstring), and the LAuReL branch and the scaling by
+    ``1 / sqrt(2)`` on the active stream.
+    """
+
+    @classmethod
+    def build_model(cls) -> Any:
+        # AltUp's output scale starts at zero, which zeroes the per-layer input, and its coefficients, LAuReL's and
+        # the per-layer input's norms start where a term left out of the identities would go unnoticed: draw them.
+        model = super().build_model()
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for block in model._module.model.layers:
+                for tensor in (
+                    block.altup.correct_output_scale,
+                    block.altup.prediction_coefs.weight,
+                    block.altup.correction_coefs.weight,
+                    block.laurel.post_laurel_norm.weight,
+                    block.post_per_layer_input_norm.weight,
+                ):
+                    tensor.copy_(0.5 + torch.rand(tensor.shape, generator=generator))
+        return model
+
+    def read_blocks(self, written: dict[str, Any] | None = None) -> list[dict[str, torch.Tensor]]:
+        """Every block's ``BLOCK_VALUES``, saved in one trace; ``written`` assigns block 0's values on the way."""
+        saved: list[dict[str, torch.Tensor]] = []
+        with self.model.trace(PROMPT):
+            for block in self.model.layers:
+                read = {}
+                for name in BLOCK_VALUES:
+                    owner, _, value = name.rpartition(".")
+                    host = getattr(block, owner) if owner else block
+                    if written and block is self.model.layers[0] and value in written:
+                        setattr(host, value, written[value])
+                    read[value] = getattr(host, value).save()
+                saved.append(read)
+        return saved
+
+    def corrected(self, layer: int, read: dict[str, torch.Tensor], active_output: torch.Tensor) -> torch.Tensor:
+        """``layer_output`` recomputed by the block's AltUp from the predicted streams and ``active_output``."""
+        altup = self.model.layers[layer]._module.altup
+        with torch.no_grad():
+            streams = altup.correct(stacked(None, read["predicted_streams"]), active_output)
+            streams[1:] += read["per_layer_output"]
+        return as_streams(None, streams)
+
+    def test_contributions_add_up_to_layer_output(self) -> None:
+        for layer, read in enumerate(self.read_blocks()):
+            altup = self.model.layers[layer]._module.altup
+            with torch.no_grad():
+                predicted = as_streams(None, altup.predict(stacked(None, read["layer_input"])))
+            close(read["predicted_streams"], predicted, what=f"layers[{layer}]: altup.predict(layer_input)")
+            active = self.model.layers[layer]._module.config.altup_active_idx
+            close(read["active_input"], predicted[..., active, :], what=f"layers[{layer}]: active_input")
+            close(
+                read["active_output"],
+                read["layer_mid"] + read["mlp_output"],
+                what=f"layers[{layer}]: active_output vs layer_mid + mlp_output",
+            )
+            close(
+                read["layer_output"],
+                self.corrected(layer, read, read["active_output"]),
+                what=f"layers[{layer}]: layer_output vs altup.correct(predicted_streams, active_output) + per_layer_output",
+            )
+
+    def test_layer_mid_is_input_plus_the_sequence_mixers(self) -> None:
+        for layer, read in enumerate(self.read_blocks()):
+            summed = (read["active_input"] + read["attention_output"] + read["laurel_output"]) / math.sqrt(2)
+            close(
+                read["layer_mid"],
+                summed,
+                what=f"layers[{layer}]: layer_mid vs (active_input + attention + laurel) / sqrt(2)",
+            )
+
+    def test_assigned_layer_mid_reaches_the_mlp_and_the_residual_it_is_added_to(self) -> None:
+        """A written ``layer_mid`` is what the MLP's pre-norm reads and what its output is added to."""
+        written = torch.randn(1, len(self.model.tokenizer(PROMPT).input_ids), self.model.hidden_size)
+        read = self.read_blocks({"layer_mid": written})[0]
+        with torch.no_grad():
+            expected = self.model.layers[0]._module.pre_feedforward_layernorm(written)
+            mlp = self.model.layers[0]._module.post_feedforward_layernorm(self.model.layers[0]._module.mlp(expected))
+        close(read["mlp_output"], mlp, what="layers[0].mlp_output after assigning layer_mid")
+        close(read["active_output"], written + mlp, what="layers[0].active_output after assigning layer_mid")
+        close(read["layer_output"], self.corrected(0, read, written + mlp), what="layers[0].layer_output")

@@ -91,6 +91,7 @@ KNOWN_DISTRIBUTIONS = {
             "gpt_neox_japanese",
             "modernbert-decoder",
             "xmod",
+            "gemma3n_text",
         ),
         "nnterp-attention",
     ),

@@ -172,7 +172,14 @@ def head(model: Any) -> Head:
         # an attribute the parent lacks is never called on a forward that runs: a branch this config does not take
         # (X-MOD's final LayerNorm, built with pre_norm only)
         called = [name for name in called if hasattr(parent, name)]
-        methods = [name for name in called if not isinstance(getattr(parent, name), torch.nn.Module)]
+        # a method, or a list of modules the forward indexes (Gemma-3n's per-stream projections), is no one module
+        # applied to the stream
+        methods = [
+            name
+            for name in called
+            if not isinstance(getattr(parent, name), torch.nn.Module)
+            or isinstance(getattr(parent, name), (torch.nn.ModuleList, torch.nn.ModuleDict))
+        ]
         if methods:
             raise Unavailable(
                 f"unembed on a {types[0]} model: after its blocks {type(parent).__name__}.forward calls "
