@@ -310,6 +310,7 @@ def test_a_saved_model_of_an_unnamed_type_loads_by_path_as_generic(tmp_path):
 
 def test_a_checkpoint_whose_causal_lm_is_its_text_model_loads_by_path_as_generic(tmp_path):
     """Dots3-Note's causal LM is built from its text config; a released checkpoint states the multimodal type."""
+    pytest.importorskip("transformers.models.dots3_note", reason="Dots3-Note is in transformers 5.24 on")
     config = tiny_config_of("dots3_note")
     model = AutoModelForCausalLM.from_config(config)
     assert model.config.model_type == "dots3_note_text"
