@@ -91,3 +91,12 @@ def test_sizes_the_default_keeps_consistent_stay_so():
     text = config.get_text_config()
     assert text.head_dim == TINY_SIZES["qk_nope_head_dim"] + text.qk_rope_head_dim
     assert config.vision_config.adapter_out_dim == config.audio_config.adapter_out_dim == text.hidden_size
+
+
+def test_a_kind_of_layer_without_rotary_parameters_gets_the_default_ones():
+    """Cohere-Compass's rotary embedding reads rope_parameters[layer_type], which its default config leaves empty."""
+    pytest.importorskip("transformers.models.cohere_compass", reason="Cohere-Compass is not in this transformers")
+    assert not AutoConfig.for_model("cohere_compass_text").to_dict()["rope_parameters"]
+    config = built("cohere_compass_text")
+    assert set(config.layer_types) <= set(config.rope_parameters)
+    assert AutoConfig.for_model("llama").rope_parameters == built("llama").rope_parameters

@@ -131,6 +131,8 @@ def tiny_overrides(model_type: str) -> dict[str, Any]:
             overrides[fields["num_hidden_layers"]] = layers
     if isinstance(default_layers, int):
         overrides.update(_per_layer_settings(saved, overrides, kinds, layers, default_layers, fields))
+    if "layer_types" in overrides:
+        overrides.update(_rope_per_kind(saved.get("rope_parameters"), overrides["layer_types"]))
     if text is config:
         return overrides
     return {"text_config": {**text.to_dict(), **TOKEN_IDS, **overrides}, **_feeding_the_text(config, text, overrides)}
@@ -204,6 +206,28 @@ def _per_layer_settings(
     return settings
 
 
+def _rope_per_kind(rope: Any, kinds: list[str]) -> dict[str, Any]:
+    """Rotary parameters for each kind of layer the tiny model has, where the config keys them by kind and lacks one.
+
+    A config whose rotary embedding reads ``rope_parameters[layer_type]`` may
+    leave them empty by default (Cohere-Compass's, which its checkpoints fill
+    in): every kind the tiny model builds then gets the default rotation.
+    """
+    if not isinstance(rope, dict) or not set(rope) <= set(kinds) | set(_known_kinds()):
+        return {}
+    missing = [kind for kind in dict.fromkeys(kinds) if kind not in rope]
+    if not missing:
+        return {}
+    return {"rope_parameters": {**rope, **{kind: {"rope_type": "default", "rope_theta": 10000.0} for kind in missing}}}
+
+
+def _known_kinds() -> tuple[str, ...]:
+    """The kinds of layer transformers knows (``ALLOWED_LAYER_TYPES``)."""
+    from transformers import configuration_utils
+
+    return tuple(getattr(configuration_utils, "ALLOWED_LAYER_TYPES", ()))
+
+
 def _layer_index(key: Any, layers: int) -> int | None:
     """``key`` as the index of one of ``layers`` layers (Gemma-4 writes ``"05"``), or ``None`` where it is not one."""
     if isinstance(key, str) and key.isdigit():
@@ -235,9 +259,7 @@ def layer_kinds(config: Any, name: str) -> list[str]:
 
 
 def _assigned_kinds(config_class: type, name: str) -> list[str]:
-    from transformers import configuration_utils
-
-    known = getattr(configuration_utils, "ALLOWED_LAYER_TYPES", ())
+    known = _known_kinds()
     try:
         tree = ast.parse(inspect.getsource(inspect.getmodule(config_class)))
     except (OSError, TypeError):
