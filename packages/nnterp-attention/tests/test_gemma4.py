@@ -3,16 +3,7 @@ import torch
 from nnterp import StandardizedTransformer
 from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, MoeSuite, close
 from nnterp.testing.vision import VisionSuite, tiny_vision_model, tiny_vision_standardized
-
-
-def drawn(model: StandardizedTransformer) -> StandardizedTransformer:
-    """``model`` with each text block's ``layer_scalar`` drawn from [0.5, 1.5), where it starts at one."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for layer in model.layers:
-            scalar = layer._module.layer_scalar
-            scalar.copy_(0.5 + torch.rand(scalar.shape, generator=generator))
-    return model
+from nnterp_attention.testing import drawn_layer_scalars
 
 
 class TestGemma4(VisionSuite, LayerSuite, AttentionSuite, MoeSuite):
@@ -21,7 +12,7 @@ class TestGemma4(VisionSuite, LayerSuite, AttentionSuite, MoeSuite):
     @classmethod
     def build_model(cls):
         # A scalar of one would let the identities it enters pass without it.
-        return drawn(tiny_vision_standardized(cls.family, **cls.load))
+        return drawn_layer_scalars(tiny_vision_standardized(cls.family, **cls.load))
 
     @classmethod
     def save_model(cls, directory):
@@ -31,7 +22,9 @@ class TestGemma4(VisionSuite, LayerSuite, AttentionSuite, MoeSuite):
 
     @classmethod
     def same_model(cls, loaded):
-        return drawn(StandardizedTransformer(tiny_vision_model(cls.family, **cls.load), processor=loaded.processor))
+        return drawn_layer_scalars(
+            StandardizedTransformer(tiny_vision_model(cls.family, **cls.load), processor=loaded.processor)
+        )
 
     def test_the_tower_pools_its_output_into_the_projector_input(self) -> None:
         encoding = self.encoding()

@@ -1,17 +1,6 @@
-import torch
-
 from nnterp import StandardizedTransformer
 from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close, tiny_standardized
-
-
-def drawn(model: StandardizedTransformer) -> StandardizedTransformer:
-    """``model`` with each block's ``layer_scalar`` drawn from [0.5, 1.5), where it starts at one."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for layer in model.layers:
-            scalar = layer._module.layer_scalar
-            scalar.copy_(0.5 + torch.rand(scalar.shape, generator=generator))
-    return model
+from nnterp_attention.testing import drawn_layer_scalars
 
 
 class TestGemma4Unified(LayerSuite, AttentionSuite):
@@ -19,8 +8,7 @@ class TestGemma4Unified(LayerSuite, AttentionSuite):
 
     @classmethod
     def build_model(cls):
-        # A scalar of one would let the identities it enters pass without it.
-        return drawn(tiny_standardized(cls.family, **cls.load))
+        return drawn_layer_scalars(tiny_standardized(cls.family, **cls.load))
 
     def test_the_wrapper_loads_for_text_with_its_text_model_s_values(self) -> None:
         from transformers import Gemma4UnifiedForCausalLM

@@ -1,17 +1,6 @@
-import torch
-
 from nnterp import StandardizedTransformer
 from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close, tiny_model, tiny_standardized
-
-
-def drawn(model: StandardizedTransformer) -> StandardizedTransformer:
-    """``model`` with each block's ``layer_scalar`` drawn from [0.5, 1.5), where it starts at one."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for layer in model.layers:
-            scalar = layer._module.layer_scalar
-            scalar.copy_(0.5 + torch.rand(scalar.shape, generator=generator))
-    return model
+from nnterp_attention.testing import drawn_layer_scalars
 
 
 class TestGemma4UnifiedText(LayerSuite, AttentionSuite):
@@ -19,15 +8,14 @@ class TestGemma4UnifiedText(LayerSuite, AttentionSuite):
 
     @classmethod
     def build_model(cls):
-        # A scalar of one would let the identities it enters pass without it.
-        return drawn(tiny_standardized(cls.family, **cls.load))
+        return drawn_layer_scalars(tiny_standardized(cls.family, **cls.load))
 
     def test_blocks_compute_what_gemma4_text_blocks_without_ple_or_experts_do(self) -> None:
         # The same weights in a gemma4_text model with neither per-layer input nor mixture of experts: every block
         # value and the logits agree, so the block is Gemma-4's and its values are read at the same places.
         # Without shared keys and values: gemma4_text (transformers 5.23 to 5.24) slices the per-layer inputs in front
         # of the first block that reuses them, and fails on a model that has none.
-        unified = drawn(tiny_standardized(self.family, num_kv_shared_layers=0))
+        unified = drawn_layer_scalars(tiny_standardized(self.family, num_kv_shared_layers=0))
         config = unified._module.config.to_dict()
         dense = {"enable_moe_block": False, "hidden_size_per_layer_input": 0}
         keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")

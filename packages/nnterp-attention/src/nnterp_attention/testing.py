@@ -354,3 +354,16 @@ class Gemma3nLayerSuite(LayerSuite):
         close(read["mlp_output"], mlp, what="layers[0].mlp_output after assigning layer_mid")
         close(read["active_output"], written + mlp, what="layers[0].active_output after assigning layer_mid")
         close(read["layer_output"], self.corrected(0, read, written + mlp), what="layers[0].layer_output")
+
+
+def drawn_layer_scalars(model: StandardizedTransformer) -> StandardizedTransformer:
+    """``model`` with each block's ``layer_scalar`` (Gemma-4's) drawn from [0.5, 1.5), where it starts at one.
+
+    A scalar of one would let the identities it enters pass without it.
+    """
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for layer in model.layers:
+            scalar = layer._module.layer_scalar
+            scalar.copy_(0.5 + torch.rand(scalar.shape, generator=generator))
+    return model

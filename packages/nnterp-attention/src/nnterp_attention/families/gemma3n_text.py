@@ -57,6 +57,7 @@ from nnterp.descriptor import invoke_rows
 from nnterp.forward_source import Call, ForwardSource
 from nnterp.layouts import Residual, Streams
 from nnterp_attention.post_norm import PostNormAttention, PostNormMlp, SandwichLayer
+from nnterp_attention.shared_kv import refuse_skipping_a_kv_source
 
 _BLOCK = ForwardSource.of(MODELING.Gemma3nTextDecoderLayer.forward)
 #: nnsight's labels, in this transformers, of the block's calls of AltUp's predict and correct steps.
@@ -149,17 +150,7 @@ class Gemma3nLayer(ManyStreams, SandwichLayer):
         Refused on a block whose keys and values later blocks reuse
         (``num_kv_shared_layers``): they would find none.
         """
-        attention = self._module.self_attn
-        readers = [
-            i
-            for i, block in enumerate(self.parent._module)
-            if block.self_attn.is_kv_shared_layer and block.self_attn.layer_type == attention.layer_type
-        ]
-        if attention.store_full_length_kv and readers:
-            raise ValueError(
-                f"{self.path} cannot be skipped: blocks {readers} attend over its keys and values "
-                f"(config.num_kv_shared_layers), which a skipped block does not compute"
-            )
+        refuse_skipping_a_kv_source(self)
         super().skip(stacked(self, hidden))
 
 

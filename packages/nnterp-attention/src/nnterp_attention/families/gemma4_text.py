@@ -35,6 +35,7 @@ from transformers.models.gemma4 import modeling_gemma4 as MODELING
 from nnterp import EProperty, Mlp, Moe, Scoring, Sublayer, TokenEProperty, no_shared_expert
 from nnterp.layouts import Residual
 from nnterp_attention.post_norm import PostNormAttention, SandwichLayer
+from nnterp_attention.shared_kv import refuse_skipping_a_kv_source
 
 NO_MIXTURE = (
     "this checkpoint runs no mixture of experts (config.enable_moe_block is false): the block's feed-forward is its "
@@ -61,17 +62,7 @@ class Gemma4Layer(SandwichLayer):
         Refused on a block whose keys and values later blocks reuse
         (``num_kv_shared_layers``): they would find none.
         """
-        attention = self._module.self_attn
-        readers = [
-            i
-            for i, block in enumerate(self.parent._module)
-            if block.self_attn.is_kv_shared_layer and block.self_attn.layer_type == attention.layer_type
-        ]
-        if attention.store_full_length_kv and readers:
-            raise ValueError(
-                f"{self.path} cannot be skipped: blocks {readers} attend over its keys and values "
-                f"(config.num_kv_shared_layers), which a skipped block does not compute"
-            )
+        refuse_skipping_a_kv_source(self)
         super().skip(hidden)
 
 
