@@ -162,7 +162,8 @@ def why_not(error: UnknownModelType, config: Any) -> str:
     if error.distribution is not None:
         return f"its family is in {error.distribution}, which is not installed"
     if error.reasons:
-        return "; ".join(error.reasons)
+        # one line, as the census prints it: an import error's message spans several (timm's, for Gemma-3n's tower)
+        return " ".join("; ".join(error.reasons).split())
     if config is None:
         return "its default config cannot be shrunk to a tiny one to read its layout"
     return "no installed plugin names it or recognizes it"
