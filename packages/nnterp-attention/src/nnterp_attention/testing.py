@@ -12,7 +12,7 @@ from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close
 from nnterp.testing.suites import raises
 from nnterp.testing.vision import VisionSuite, tiny_vision_model
 
-from .families.gemma3n_text import as_streams, stacked
+from .families.gemma3n_text import streams_stacked, streams_view
 
 
 def causal_softmax(bias: torch.Tensor) -> torch.Tensor:
@@ -312,15 +312,15 @@ class Gemma3nLayerSuite(LayerSuite):
         """``layer_output`` recomputed by the block's AltUp from the predicted streams and ``active_output``."""
         altup = self.model.layers[layer]._module.altup
         with torch.no_grad():
-            streams = altup.correct(stacked(None, read["predicted_streams"]), active_output)
+            streams = altup.correct(streams_stacked(read["predicted_streams"]), active_output)
             streams[1:] += read["per_layer_output"]
-        return as_streams(None, streams)
+        return streams_view(streams)
 
     def test_contributions_add_up_to_layer_output(self) -> None:
         for layer, read in enumerate(self.read_blocks()):
             altup = self.model.layers[layer]._module.altup
             with torch.no_grad():
-                predicted = as_streams(None, altup.predict(stacked(None, read["layer_input"])))
+                predicted = streams_view(altup.predict(streams_stacked(read["layer_input"])))
             close(read["predicted_streams"], predicted, what=f"layers[{layer}]: altup.predict(layer_input)")
             active = self.model.layers[layer]._module.config.altup_active_idx
             close(read["active_input"], predicted[..., active, :], what=f"layers[{layer}]: active_input")

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from transformers.models.gemma3n import modeling_gemma3n as MODELING
 
 from nnterp import EProperty, ManyStreams, Sublayer
@@ -70,22 +71,30 @@ ONE_INVOKE = (
 )
 
 
+def streams_view(stacked: torch.Tensor) -> torch.Tensor:
+    """The model's ``[streams, batch, seq, hidden_size]`` as ``Streams``, ``[batch, seq, streams, hidden_size]``: a view."""
+    return stacked.permute(1, 2, 0, 3)
+
+
+def streams_stacked(streams: torch.Tensor) -> torch.Tensor:
+    """``Streams`` stacked streams first, as the model holds them."""
+    return streams.permute(2, 0, 1, 3)
+
+
 def as_streams(envoy: Any, stacked: Any) -> Any:
-    """The model's ``[streams, batch, seq, hidden_size]`` as ``Streams``, ``[batch, seq, streams, hidden_size]``: a view.
+    """A stream value as served (``streams_view``), in a trace of one invoke.
 
     Raises:
         ValueError: the trace runs several invokes (``ONE_INVOKE``).
     """
-    if envoy is not None:
-        _one_invoke()
-    return stacked.permute(1, 2, 0, 3)
+    _one_invoke()
+    return streams_view(stacked)
 
 
 def stacked(envoy: Any, streams: Any) -> Any:
-    """An assigned ``Streams`` tensor stacked streams first, as the model holds it."""
-    if envoy is not None:
-        _one_invoke()
-    return streams.permute(2, 0, 1, 3)
+    """An assigned stream value as the model holds it (``streams_stacked``), in a trace of one invoke."""
+    _one_invoke()
+    return streams_stacked(streams)
 
 
 def _one_invoke() -> None:
