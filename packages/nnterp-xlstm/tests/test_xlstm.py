@@ -28,15 +28,3 @@ def test_a_changed_forward_is_named_before_any_model_runs(monkeypatch) -> None:
     assert reason is not None and "the xlstm family" in reason and "self.mlstm_backend" in reason
     assert transformers.__version__ in reason
     assert MatrixMemory.forward_mismatch(modeling_xlstm.xLSTMLayer) is None
-
-
-def test_patch_state_says_what_it_cannot_carry_before_running() -> None:
-    import pytest
-
-    from nnterp import Unavailable
-    from nnterp.analysis import patch_state
-    from nnterp.testing import PROMPT, tiny_standardized
-
-    model = tiny_standardized("xlstm")
-    with pytest.raises(Unavailable, match=r"patch_state at layers\[0\]: .*normalizer.*set_state_after"):
-        patch_state(model, PROMPT, PROMPT, positions=[1])

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from jaxtyping import Float
 from torch import Tensor
+from transformers import DynamicCache
 
 from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable
 from nnterp.analysis.knockout import knocked_tokens
@@ -97,11 +98,6 @@ class RgLru(RecurrentMixer):
     DECODE = KernelCall("self._rnn_scan", "recurrent_states")
     # a plain-torch method looping over a prompt's tokens: every state is bound, always
     PER_TOKEN = ALWAYS
-    STATE_PATCHING = (
-        "a recurrent block carries two things past a token, the RG-LRU's state and the convolution's window "
-        "(conv_state), both on its modules rather than in a cache the model returns, which patch_state continues "
-        "over; write set_state_after(t, value) with the source's state_after(t) in one run instead"
-    )
     MIXING_HEADS = CHANNELS
     KIND = "RG-LRU scan"
     CONTRIBUTION = "../linear_out.output"
@@ -335,6 +331,39 @@ class RgLru(RecurrentMixer):
     def readout_from_arguments(self, state: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The scan's output at ``rows`` were ``state`` the state after each: the state itself (no query reads it)."""
         return rglru_readout(state, rows)
+
+    # -- state patching and continuing a prompt --------------------------------------------------
+
+    @classmethod
+    def prompt_continues_from_cache(cls) -> bool:
+        """No: a call of several tokens convolves them from a zero window, not the conv state the last call left
+        (the block's prompt arm), so a continuation runs one token at a time, as ``generate`` does."""
+        return False
+
+    @classmethod
+    def continuation_cache(cls, model: Any) -> Any:
+        """A ``DynamicCache`` for the attention blocks' keys: RecurrentGemma's forward returns none, and without one
+        given it zeroes the recurrent blocks' states (``_setup_cache``), which live on the modules."""
+        return DynamicCache(config=model._module.config.get_text_config())
+
+    def carried(self) -> dict[str, torch.Tensor]:
+        """What a recurrent block carries past the call's last token: the conv window and the RG-LRU state after it.
+
+        ``"conv_state"`` the last ``conv1d_width - 1`` inputs of the
+        convolution, [batch, channels, conv_window] (``conv_state``), which the
+        next token convolves with; ``"state"`` the RG-LRU's state,
+        [batch, channels] (``trajectory(positions=-1)``). Save each.
+        """
+        window = self.conv_state
+        return {"conv_state": window, "state": self.trajectory(positions=-1)}
+
+    def carry(self, carried: dict[str, torch.Tensor], heads: Any) -> torch.Tensor:
+        """The next call continues from ``carried`` at the channels ``heads``: the conv window the block keeps, then
+        the RG-LRU state as ``RecurrentMixer.carry`` writes it (token t's output is the state after it)."""
+        window = self.conv_state.clone()
+        window[:, heads] = carried["conv_state"].to(window)[:, heads]
+        self.conv_state = window
+        return super().carry(carried, heads)
 
     def knock_out(self, positions: torch.Tensor) -> None:
         """Take token ``positions[b]`` of each row ``b`` out of later tokens: zero what it writes."""

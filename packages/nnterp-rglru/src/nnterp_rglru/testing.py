@@ -23,10 +23,19 @@ import transformers
 from transformers import DynamicCache
 
 from nnterp import Unavailable
-from nnterp.analysis import knock_out, patch_state
+from nnterp.analysis import knock_out
 from nnterp.components.call_site import CACHE_ARGUMENTS
 from nnterp.order import OrderError
-from nnterp.testing import ATOL, PROMPT, AttentionSuite, RecurrentMixerSuite, blocks_with, close, tiny_standardized
+from nnterp.testing import (
+    ATOL,
+    PROMPT,
+    AttentionSuite,
+    RecurrentMixerSuite,
+    blocks_with,
+    check_patch_state_joins_the_prompts,
+    close,
+    tiny_standardized,
+)
 from nnterp.testing.forward_change import ForwardChangeSuite
 from nnterp.testing.suites import BATCH, raises
 
@@ -378,8 +387,6 @@ class RgLruSuite(RecurrentMixerSuite, ForwardChangeSuite):
                 mix.conv_output.save()
 
     def test_decode_step_state_write_points_to_state_output(self) -> None:
-        from nnterp import Unavailable
-
         mix = self.mixer(self.recurrent_layers()[0])
         with raises(Unavailable, "write state_output"):
             with self.model.generate(PROMPT, max_new_tokens=2, do_sample=False) as tracer:
@@ -527,33 +534,6 @@ class RgLruSuite(RecurrentMixerSuite, ForwardChangeSuite):
         close(logits[:, :t], clean_logits[:, :t], ATOL, "logits before the knocked token")
         assert (logits[:, -1] - clean_logits[:, -1]).abs().max() > 1e-4, "knocking out the token changed nothing later"
 
-    def test_patch_state_refuses_and_set_state_after_continues_from_another_prompts_state(self) -> None:
-        """patch_state refuses before running, naming the one-run way; that way continues from the source's state."""
-        layer = self.recurrent_layers()[0]
-        mix = self.mixer(layer)
-        with raises(Unavailable, "set_state_after"):
-            patch_state(self.model, "Hi you there", PROMPT, [3], layers=[layer])
-        t = 3
-        restore = self.mild_decays(layer)
-        try:
-            read: list[torch.Tensor] = []
-            with self.model.trace("Hi you there"):
-                read.append(mix.state_after(t).save())
-            clean = self.read_prompt(layer)
-            with self.model.trace(PROMPT):
-                mix.set_state_after(t, read[0])
-                read.append(mix.attention_head_outputs.save())
-        finally:
-            restore()
-        # the scan's output at each token is its state after it
-        source, states = read
-        later = {name: clean[name][:, t + 1 :] for name in ("x", "i", "a")}
-        no_reset = torch.zeros(later["x"].shape[:2], dtype=torch.bool)
-        continued, _ = griffin_reference(later["x"], later["i"], later["a"], no_reset, source)
-        close(states[:, :t], clean["states"][:, :t], 0, "states before the patched token")
-        close(states[:, t], source, 0, "the patched token's state is the source's")
-        close(states[:, t + 1 :], continued, ATOL, "later states continue the recurrence from the source's state")
-
     # -- the convolution's window -----------------------------------------------------------------------------
 
     def test_a_conv_state_write_changes_the_next_window_of_tokens_only(self) -> None:
@@ -585,3 +565,8 @@ class RgLruSuite(RecurrentMixerSuite, ForwardChangeSuite):
         close(written[:, :split], clean[:, :split], 0, "the prompt's own conv outputs")
         moved = (written - clean).abs().amax(-1)[0] > 1e-4
         assert moved.nonzero().flatten().tolist() == list(range(split, split + reach)), f"changed tokens: {moved}"
+
+    def test_patch_state_continues_from_everything_the_source_carried(self) -> None:
+        """``patch_state`` at t in every block gives, after t, the logits of the source's tokens up to t followed by
+        the target's after it: every recurrent block's state and conv window, every local attention's keys and values carried; before t the target's own."""
+        check_patch_state_joins_the_prompts(self.model)

@@ -27,7 +27,14 @@ from nnterp.descriptor import Unavailable
 from nnterp.forward_source import callee
 from nnterp.order import OrderError
 from nnterp.registry import REGISTRY
-from nnterp.testing import PROMPT, LayerSuite, RecurrentMixerSuite, close, close_relative
+from nnterp.testing import (
+    PROMPT,
+    LayerSuite,
+    RecurrentMixerSuite,
+    check_patch_state_joins_the_prompts,
+    close,
+    close_relative,
+)
 from nnterp.testing.forward_change import _Renamed
 from nnterp.testing.models import tiny_standardized
 
@@ -511,3 +518,8 @@ class WkvSuite(RecurrentMixerSuite):
         # with nothing before it, the first token reads only itself, as without the knockout
         close(read[0][:, 0], clean["outputs"][:, 0], ATOL, "the knocked first token's own output")
         close_relative(read[0][:, 1:], outputs[:, 1:], "later outputs vs the paper's recurrence without token 0")
+
+    def test_patch_state_continues_from_everything_the_source_carried(self) -> None:
+        """``patch_state`` at t in every block gives, after t, the logits of the source's tokens up to t followed by
+        the target's after it: every block's WKV state and both token shifts' last inputs carried; before t the target's own, token t's too (its output reads the state before it)."""
+        check_patch_state_joins_the_prompts(self.model, patched_token_keeps_its_output=True)

@@ -152,11 +152,8 @@ class Wkv(RecurrentMixer):
     #: token_mixing's heads: each channel runs its own recurrence over its own values
     MIXING_HEADS = CHANNELS
     KIND = "RWKV-4 WKV linear attention"
-    STATE_PATCHING = (
-        "an RWKV block carries two things past a token, the WKV state and the token shift's last input (for the "
-        "time and the channel mixing), and its model passes them as one state list that patch_state does not take; "
-        "write set_state_after(t, value) with the source's state_after(t) in one run instead"
-    )
+    #: the model takes and returns what a run leaves for the next as its ``state`` list, not a cache
+    CARRIER = "state"
     # the receptance is computed before the kernel call; the kernel returns its output and final state together
     ORDER = (
         ("attention_gates",),
@@ -421,6 +418,43 @@ class Wkv(RecurrentMixer):
             positions=positions,
             dtype=dtype or torch.float32,
         )
+
+    # -- state patching ------------------------------------------------------------------------
+
+    def carried(self) -> dict[str, Tensor]:
+        """What an RWKV block carries past the call's last token: the WKV state and its two token shifts' inputs.
+
+        ``"state"`` is the WKV state after the last token, [batch, channels, 3]
+        (``trajectory(positions=-1)``); ``"time_shift"`` the last token's
+        ``ln1`` output, [batch, hidden_size], which the next token's keys,
+        values and receptance mix with (slice 1 of the model's ``state``
+        list); ``"channel_shift"`` its ``ln2`` output, which the next token's
+        channel mixing mixes with (slice 0). Save each.
+        """
+        block = self.parent
+        time_shift = block.attention_norm_output[:, -1]
+        state = self.trajectory(positions=-1)
+        return {"time_shift": time_shift, "state": state, "channel_shift": block.mlp_norm_output[:, -1]}
+
+    def carry(self, carried: dict[str, Tensor], heads: Any) -> Tensor:
+        """The next call continues from ``carried`` (``carried()``'s parts): the WKV state at ``heads`` (channels),
+        the token shifts whole.
+
+        Token t's own output reads the state after t - 1 (and its own key and
+        value), so it stays as it is; the parts reach the tokens after it
+        through the model's ``state`` list, written after the block's own
+        writes of this call's last token.
+        """
+        state = self.trajectory(positions=-1).clone()
+        state[:, heads] = carried["state"].to(state)[:, heads]
+        self.state_output = state
+        _, kept = self.forward_call()
+        layer = self._module.layer_id
+        # the time mixing wrote its shift before the kernel call; the channel mixing writes its own as it returns
+        kept[1][:, :, layer] = carried["time_shift"].to(kept[1])
+        self.parent.mlp.output
+        kept[0][:, :, layer] = carried["channel_shift"].to(kept[0])
+        return state
 
     def knock_out(self, positions: Tensor) -> None:
         """Take token ``positions[b]`` of each row ``b`` out of what this call's tokens read.

@@ -126,10 +126,6 @@ class MatrixMemory(RecurrentMixer):
     DECODE = None
     PER_TOKEN = ALWAYS
     KIND = "mLSTM"
-    STATE_PATCHING = (
-        "an mLSTM's state past a token is its memory with a normalizer and a stabilizer, and patch_state carries "
-        "the memory alone; write set_state_after(t, value) with the source's state_after(t) in one run instead"
-    )
     ORDER = (
         (*CALL_ARGUMENTS, "input_gates", "forget_gates", "normalizer_input", "stabilizer_input"),
         ("state", "states"),
@@ -604,6 +600,50 @@ class MatrixMemory(RecurrentMixer):
         """``q_t state / sqrt(d) / den_t`` at ``rows``: each row's query reading ``state`` with its own denominator."""
         _, denominator, _ = self._mixing_parts(rows, torch.arange(self.mixer_heads))
         return mlstm_readout(self.argument("query"), state, denominator, rows)
+
+    # -- state patching ------------------------------------------------------------------------
+
+    def carried(self) -> dict[str, torch.Tensor]:
+        """What an mLSTM carries past the call's last token: its memory, normalizer and stabilizer after it.
+
+        ``"state"`` the memory C, [batch, heads, key_dim, value_dim];
+        ``"normalizer"`` n, [batch, heads, key_dim]; ``"stabilizer"`` m,
+        [batch, heads]: computed exactly from the call's arguments, as
+        ``states``, ``normalizers`` and ``stabilizers``. Save each.
+        """
+        inside_trace(self, "carried()")
+        with torch.no_grad():
+            memory, normalizer, stabilizer = self._recurrence(-1, None)
+        return {"state": memory, "normalizer": normalizer, "stabilizer": stabilizer[..., 0]}
+
+    def carry(self, carried: dict[str, torch.Tensor], heads: Any) -> torch.Tensor:
+        """The next call continues from ``carried`` (``carried()``'s parts) at ``heads``, all three parts of a head
+        together, the call's own elsewhere.
+
+        Token t's output reads the memory after itself through the normalizer
+        and stabilizer after itself, so it becomes the carried memory's
+        answer to its query with the carried normalizer and stabilizer; the
+        backend's final (C, n, m), which the model copies into the cache, are
+        the carried ones.
+        """
+        inside_trace(self, "carry()")
+        with torch.no_grad():
+            parts = [part.clone() for part in self._recurrence(-1, torch.float32)]
+            given = (carried["state"], carried["normalizer"], carried["stabilizer"][..., None])
+            for own, theirs in zip(parts, given, strict=True):
+                own[:, heads] = theirs.to(own)[:, heads]
+            memory, normalizer, stabilizer = parts
+            last = torch.tensor([self.call_length() - 1])
+            query = self.argument("query").float()
+            denominator = denominators(query[:, :, last], normalizer[:, None], stabilizer[:, None], self.eps())
+            answer = mlstm_readout(query, memory, denominator, last)
+        backend = self._backend()
+        head_outputs, (final_memory, final_normalizer, final_stabilizer) = backend.output
+        answered = head_outputs.clone()
+        answered[:, :, -1] = answer[:, 0].to(answered)
+        final = (memory.to(final_memory), normalizer.to(final_normalizer), stabilizer.to(final_stabilizer))
+        backend.output = (answered, final)
+        return memory
 
     def knock_out(self, positions: torch.Tensor) -> None:
         """Take token ``positions[b]`` of each row ``b`` out of what this call's later tokens read.

@@ -19,7 +19,7 @@ from nnterp.analysis import knock_out
 from nnterp.analysis.mixing import mixed
 from nnterp.descriptor import Unavailable
 from nnterp.order import OrderError
-from nnterp.testing import PROMPT, Suite, blocks_with, close, tiny_standardized
+from nnterp.testing import PROMPT, Suite, blocks_with, check_patch_state_joins_the_prompts, close, tiny_standardized
 from nnterp.testing.mixing import TokenMixingSuite
 from nnterp.testing.order import TraceOrderSuite
 from nnterp.testing.suites import BATCH, raises
@@ -440,3 +440,9 @@ class MatrixMemorySuite(TokenMixingSuite, TraceOrderSuite, Suite):
             assert len(values) == 2, f"invoke {row}: the trace ended early"
             for name, value, expected in zip(("states", "attention_head_outputs"), values, whole, strict=True):
                 torch.testing.assert_close(value, expected[row : row + 1], msg=f"invoke {row}: {name}")
+
+    def test_patch_state_continues_from_everything_the_source_carried(self) -> None:
+        """``patch_state`` at t in every block gives, after t, the logits of the source's tokens up to t followed by
+        the target's after it: every block's memory, normalizer and stabilizer carried; before t the target's own."""
+        # tight: the per-head norm after the readout hides most of a wrong normalizer
+        check_patch_state_joins_the_prompts(self.model, tolerance=3e-6)

@@ -19,7 +19,7 @@ import torch
 
 from ..components.call_site import CACHE_ARGUMENTS
 from ..components.per_token import ChunkBoundaries
-from .blocks import Mixers
+from .blocks import Mixers, mixers
 
 
 class Prefix(NamedTuple):
@@ -147,6 +147,8 @@ def returned_cache(name: str, output: Any) -> Any:
 
 
 def cache_argument(model: Any) -> str:
-    """The name the model's forward takes its cache by."""
+    """The name the model's forward takes its cache by: one of transformers' cache names, or the one its recurrent
+    mixers' kind declares (``RecurrentMixer.CARRIER``: RWKV's ``state``)."""
     accepted = inspect.signature(model._module.forward).parameters
-    return next(name for name in CACHE_ARGUMENTS if name in accepted)
+    declared = {type(block.recurrent).CARRIER for block in mixers(model) if block.recurrent is not None}
+    return next(name for name in (*CACHE_ARGUMENTS, *sorted(declared - {None})) if name in accepted)

@@ -1,17 +1,19 @@
 """State patching: run a target prompt on from the state a source prompt left after a token.
 
-Everything a recurrent mixer carries past token ``t`` is its state after ``t``; an attention
-block's is its keys and values up to ``t``. ``patch_state`` puts the source's in their place in
-the target's run and lets the target continue. The target's tokens up to ``t`` run with the
-cache; the state they leave is replaced, as the cache receives it (``state_output``), by the
-source's state after ``t`` (``trajectory(positions=t)``, computed from the source's kernel calls,
-so no routing is needed); and the target's later tokens run over that cache, the attention blocks
-reading the source's keys and values for tokens up to ``t``. Token ``t`` itself reads the state
-after it, so its output in each patched recurrent mixer is the patched state's answer to its
-query (``read_state``), as with ``set_state_after(t, ...)`` in one run; in an attention block it
-is the target's own, the source's keys and values reaching the later tokens. A family whose
-prompt kernel cannot start from a cached state (Mamba-1's scan starts from zeros) continues one
-token at a time, as ``generate`` does.
+Everything a recurrent mixer carries past token ``t`` is its state after ``t`` and, where its kind
+carries more, further parts (RWKV's token shifts, an mLSTM's normalizer and stabilizer, an RG-LRU's
+convolution window: ``RecurrentMixer.carried``); an attention block's is its keys and values up to
+``t``. ``patch_state`` puts the source's in their place in the target's run and lets the target
+continue. The target's tokens up to ``t`` run with the cache; what they leave is replaced, as the
+cache receives it, by what the source's run up to ``t`` left (``RecurrentMixer.carry``; the state
+computed from the source's kernel calls, so no routing is needed); and the target's later tokens
+run over that cache, the attention blocks reading the source's keys and values for tokens up to
+``t``. Token ``t`` itself reads the state after it, so its output in each patched recurrent mixer is
+the patched state's answer to its query (``read_state``), as with ``set_state_after(t, ...)`` in
+one run; in an attention block it is the target's own, the source's keys and values reaching the
+later tokens. A family whose prompt kernel cannot start from a cached state (Mamba-1's scan)
+continues one token at a time, as ``generate`` does; so does a model whose cache does not count the
+tokens it holds (MiniMax's, counting at a lightning block), each step told its position.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from typing import Any, NamedTuple
 import nnsight
 import torch
 
-from ..descriptor import Unavailable
 from .blocks import Mixers, mixers, token_ids, within
 from .continuation import (
     Prefix,
@@ -65,9 +66,6 @@ def patch_state(
     Raises:
         IndexError: a position with no source token at it, or, without
             ``max_new_tokens``, no target token after it.
-        nnterp.Unavailable: a chosen block's mixer kind carries more past a
-            token than its state (``RecurrentMixer.STATE_PATCHING`` says what),
-            before anything runs.
     """
     source_ids, target_ids = token_ids(model, source), token_ids(model, target)
     seq = target_ids.shape[1]
@@ -80,10 +78,6 @@ def patch_state(
             f"{source_ids.shape[1]}) and, without max_new_tokens, a target token after t (the target has {seq})"
         )
     blocks, every = mixers(model, layers), mixers(model)
-    for block in blocks:
-        reason = block.recurrent is not None and type(block.recurrent).STATE_PATCHING
-        if reason:
-            raise Unavailable(f"patch_state at layers[{block.layer}]: {reason}")
     clean = metric_of_run(model, target_ids, metric, max_new_tokens, lambda: None)
     changes = []
     for position in chosen:
@@ -95,9 +89,10 @@ def patch_state(
 
 
 class Carried(NamedTuple):
-    """What one block carries past a token: its recurrent state, its attention's keys and values (``None`` without)."""
+    """What one block carries past a token: its recurrent mixer's parts (``RecurrentMixer.carried``), its
+    attention's keys and values (``None`` without)."""
 
-    state: torch.Tensor | None
+    parts: dict[str, torch.Tensor] | None
     keys: torch.Tensor | None
     values: torch.Tensor | None
 
@@ -107,13 +102,25 @@ def _carried(model: Any, blocks: list[Mixers], ids: torch.Tensor, position: int)
     carried: dict[int, Carried] = {}
     with model.trace(ids[:, : position + 1]):
         for block in blocks:
-            state = None if block.recurrent is None else block.recurrent.trajectory(positions=-1).save()
+            parts = None
+            if block.recurrent is not None:
+                parts = {name: part.save() for name, part in block.recurrent.carried().items()}
             keys = values = None
             if block.attention is not None:
                 keys = block.attention.attention_keys.save()
                 values = block.attention.attention_values.save()
-            carried[block.layer] = Carried(state, keys, values)
+            carried[block.layer] = Carried(parts, keys, values)
     return carried
+
+
+def _fresh_cache(model: Any) -> dict[str, Any]:
+    """The cache argument of a run that later runs continue, where a kind says the forward returns none
+    (``RecurrentMixer.continuation_cache``); else nothing: the forward makes and returns its own."""
+    for block in mixers(model):
+        cache = block.recurrent is not None and type(block.recurrent).continuation_cache(model)
+        if cache:
+            return {"use_cache": True, cache_argument(model): cache}
+    return {"use_cache": True}
 
 
 def _continued(
@@ -133,52 +140,50 @@ def _continued(
     patched = {block.layer for block in blocks}
     logits: list[torch.Tensor] = []
     entering: dict[int, torch.Tensor] = {}
-    with model.trace(ids[:, :split], use_cache=True):
+    given = _fresh_cache(model)
+    name = cache_argument(model)
+    with model.trace(ids[:, :split], **given):
         for block in every:
             mixer = block.recurrent
             if mixer is None or not (block.layer in patched or type(mixer).prompt_starts_from_zeros()):
                 continue
-            # computed from the call's arguments: state_output itself comes after the head outputs are written
-            state = mixer.trajectory(positions=-1)
             if block.layer in patched:
-                outputs = mixer.attention_head_outputs
-                state = state.clone()
-                state[:, heads] = carried[block.layer].state.to(state)[:, heads]
-                # token t reads the state after itself: its output is the patched state's answer
-                answered = outputs.clone()
-                answered[:, -1] = mixer.read_state(state, positions=-1).to(outputs)
-                mixer.attention_head_outputs = answered
-                mixer.state_output = state
+                state = mixer.carry(carried[block.layer].parts, heads)
+            else:
+                state = mixer.trajectory(positions=-1)
             if type(mixer).prompt_starts_from_zeros():
                 # what a continuation of several tokens is told it continues from
                 entering[block.layer] = state.save()
         logits.append(model.logits.save())
-        cache = nnsight.save(returned_cache(cache_argument(model), model.output))
+        cache = nnsight.save(returned_cache(name, model.output) if name not in given else given[name])
     prefix = Prefix(split, cache, entering)
-    if not counts_every_token(prefix, every):
-        raise Unavailable(
-            f"patch_state: {type(cache).__name__} counts {int(cache.get_seq_length())} of the {split} tokens it holds "
-            f"(it counts at a block that keeps no keys, such as MiniMax's lightning blocks), so the attention blocks' "
-            f"continuation would be masked short; patch a model whose first block is an attention, or write "
-            f"set_state_after(t, value) with the source's state_after(t) in one run"
-        )
+    # a cache counting fewer tokens than it holds would give the attention blocks too short a mask and the wrong
+    # positions over several tokens: one token at a time, each told its position, they are right
+    counted = counts_every_token(prefix, every)
     seq = ids.shape[1]
     # every mixer of the model runs the continuation, patched or not
-    steps = [slice(split, seq)] if continues_several_tokens(every) else [slice(t, t + 1) for t in range(split, seq)]
+    several = counted and continues_several_tokens(every)
+    steps = [slice(split, seq)] if several else [slice(t, t + 1) for t in range(split, seq)]
     steps = [step for step in steps if step.start < step.stop]
     for step in steps + [None] * max(max_new_tokens - 1, 0):
         tokens = ids[:, step] if step is not None else _next_token(model, logits[-1])
         seen = sum(part.shape[1] for part in logits) + tokens.shape[1]
-        with model.trace(tokens, **continuation_inputs(model, cache, every, 1, seen)):
+        inputs = continuation_inputs(model, cache, every, 1, seen)
+        if not counted:
+            inputs["position_ids"] = torch.arange(seen - tokens.shape[1], seen)[None]
+        with model.trace(tokens, **inputs):
             for block in every:
                 continue_mixers(prefix, [block], 1)
                 if block.attention is not None and block.layer in patched:
                     source = carried[block.layer]
                     for value, patch in (("attention_keys", source.keys), ("attention_values", source.values)):
                         own = getattr(block.attention, value)
-                        replaced = own.clone()
-                        replaced[:, :, :split] = patch.to(own)
-                        setattr(block.attention, value, replaced)
+                        # a sliding window's cache keeps only the last keys: its first is token seen - kept
+                        first = seen - own.shape[2]
+                        if first < split:
+                            replaced = own.clone()
+                            replaced[:, :, : split - first] = patch[:, :, first:].to(own)
+                            setattr(block.attention, value, replaced)
             logits.append(model.logits.save())
     logits = torch.cat(logits, dim=1)
     # as generate computes them: the next token's logits at each step

@@ -107,9 +107,9 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
     #: What ``token_mixing`` with ``mixing_offset`` reconstructs: the head outputs ("exact"), or, where a normalizer
     #: divides them by a function of the values, the part before it, named.
     TOKEN_MIXING: str = "exact"
-    #: Why ``nnterp.analysis.patch_state`` cannot carry this kind's state past a token, or ``None`` where it can:
-    #: it carries ``trajectory``'s state through the cache a forward returns, which is all some kinds carry.
-    STATE_PATCHING: str | None = None
+    #: The forward's argument that takes what one run leaves for the next, and the output field that returns it,
+    #: where it is none of transformers' cache names (RWKV's ``state`` list); ``None``: a cache name.
+    CARRIER: str | None = None
 
     # -- what the mixer adds -----------------------------------------------------
 
@@ -273,6 +273,48 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
             f"{standard_path(self)}: a {type(self).__name__} prompt call starts from zeros and its kind does not say "
             f"what a cached state adds to it; continue one token at a time"
         )
+
+    def carried(self) -> dict[str, torch.Tensor]:
+        """Inside a trace, on a prompt's call: everything this mixer carries past the call's last token, by name.
+
+        What ``nnterp.analysis.patch_state`` takes from the source's run up to
+        token ``t`` and gives the target's continuation (``carry``): the state
+        after the last token (``"state"``, as ``trajectory(positions=-1)``),
+        and, where a kind carries more past a token (a token shift's last
+        input, a normalizer, a convolution's window), each further part under
+        its own name, [batch, ...]. Read in the forward's order: a kind adding
+        parts reads them where its call makes them. Save each.
+        """
+        return {"state": self.trajectory(positions=-1)}
+
+    def carry(self, carried: dict[str, torch.Tensor], heads: Any) -> torch.Tensor:
+        """Inside a trace, on a prompt's call: the next call continues from ``carried`` (``carried()``'s parts) at
+        ``heads`` (the state's axis 1, as ``state[:, heads]``), as if the call's last token had left them.
+
+        The state the cache receives (``state_output``) is ``carried["state"]``
+        at ``heads`` and the call's own elsewhere; the last token reads the
+        state after itself, so its head output becomes that state's answer
+        (``read_state``), as with ``set_state_after`` in one run. A kind that
+        carries more writes its parts where its next call reads them, and a
+        kind whose token reads the state before itself leaves its output.
+        Returns the state the next call starts from, [batch, ...] as
+        ``state_output``.
+        """
+        # computed from the call's arguments: state_output itself comes after the head outputs are written
+        state = self.trajectory(positions=-1).clone()
+        state[:, heads] = carried["state"].to(state)[:, heads]
+        outputs = self.attention_head_outputs
+        answered = outputs.clone()
+        answered[:, -1] = self.read_state(state, positions=-1).to(outputs)
+        self.attention_head_outputs = answered
+        self.state_output = state
+        return state
+
+    @classmethod
+    def continuation_cache(cls, model: Any) -> Any:
+        """The cache a run that later runs continue must be given, or ``None`` where the forward returns the one it
+        makes. A kind whose model keeps its state on its modules and returns no cache (RecurrentGemma) says what."""
+        return None
 
     def knock_out(self, positions: torch.Tensor) -> None:
         """Take token ``positions[b]`` of each row ``b`` out of what this call's later tokens read.

@@ -3,7 +3,13 @@
 from .forward_change import ForwardChangeSuite
 from .models import save_tiny, tiny_config, tiny_model, tiny_standardized
 from .moe import MoeSuite, draw_selection_bias
-from .recurrent import RecurrentMixerSuite, check_positions, close_relative, mild_decays
+from .recurrent import (
+    RecurrentMixerSuite,
+    check_patch_state_joins_the_prompts,
+    check_positions,
+    close_relative,
+    mild_decays,
+)
 from .suites import (
     ATOL,
     PROMPT,
@@ -29,6 +35,7 @@ __all__ = [
     "Suite",
     "block_value",
     "blocks_with",
+    "check_patch_state_joins_the_prompts",
     "check_positions",
     "close",
     "close_relative",

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 from transformers.integrations import use_kernel_func_from_hub_with_fallback
 
+from ..analysis.patching import patch_state
 from ..components.call_site import CACHE_ARGUMENTS
 from ..components.declaration import forward_layout, modeling_module
 from ..components.per_token import PerToken
@@ -34,7 +35,7 @@ from ..registry import REGISTRY
 from .mixing import TokenMixingSuite
 from .models import tiny_standardized
 from .order import TraceOrderSuite
-from .suites import BATCH, PROMPT, blocks_with, raises
+from .suites import ATOL, BATCH, PROMPT, blocks_with, close, raises
 
 #: How far a computed trajectory may be from the model's own states, relative to their largest entry (float32).
 TRAJECTORY_TOLERANCE = 1e-5
@@ -107,6 +108,33 @@ def selected(states: torch.Tensor, positions: Any) -> torch.Tensor:
 def check_positions(compute: Callable[..., torch.Tensor], positions: Any) -> None:
     """``compute(positions=positions)`` is the slice of ``compute()`` that ``positions`` indexes."""
     close_relative(compute(positions=positions), selected(compute(), positions), f"positions={positions!r}", 1e-6)
+
+
+def check_patch_state_joins_the_prompts(
+    model: Any, t: int = 5, tolerance: float = ATOL, patched_token_keeps_its_output: bool = False
+) -> None:
+    """``patch_state`` at ``t`` in every block gives, after ``t``, the logits of the source's tokens up to ``t``
+    followed by the target's: everything each block carries past ``t`` (a state, a token shift, a normalizer, a
+    conv window, keys and values) comes from the source.
+
+    Before ``t`` the target's logits are its own, and at ``t`` too where the
+    kind's token reads the state before itself (``patched_token_keeps_its_output``,
+    RWKV). The source's state must change every later logit, or the check
+    would pass with nothing carried.
+    """
+    source = "Hi you there, friend of mine"
+    ids = [model.tokenizer(prompt, return_tensors="pt").input_ids for prompt in (source, PROMPT)]
+    read: list[torch.Tensor] = []
+    with model.trace(ids[1]):
+        read.append(model.logits.save())
+    with model.trace(torch.cat([ids[0][:, : t + 1], ids[1][:, t + 1 :]], dim=1)):
+        read.append(model.logits.save())
+    clean, joined = read
+    changes = patch_state(model, source, PROMPT, [t], metric=lambda logits: logits.float())
+    own = t + 1 if patched_token_keeps_its_output else t
+    close(changes[:, :own], torch.zeros_like(changes[:, :own]), tolerance, "patch_state: the target's own logits")
+    close(clean[:, t + 1 :] + changes[:, t + 1 :], joined[:, t + 1 :], tolerance, "patch_state vs the joined prompt")
+    assert (joined - clean)[:, t + 1 :].abs().amax(dim=-1).min() > 1e-6, "the source's state changed no later logit"
 
 
 class RecurrentMixerSuite(TokenMixingSuite, TraceOrderSuite):
