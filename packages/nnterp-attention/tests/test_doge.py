@@ -28,16 +28,6 @@ class ScaledResidual:
         """Loaded under eager, as the suites build it: before 5.25 Doge's sdpa path computes other logits than eager."""
         return StandardizedTransformer(directory, attn_implementation="eager", **cls.load)
 
-    def stream_after(
-        self, layer: int, entering: torch.Tensor, parts: list[torch.Tensor], first: int = 0
-    ) -> torch.Tensor:
-        """The stream after each addition, the residual scaled first: ``scale * stream + part``."""
-        block = self.model.layers[layer]._module
-        stream = entering
-        for part, name in zip(parts, RESIDUAL_SCALES[first:], strict=False):
-            stream = getattr(block, name).detach() * stream + part
-        return stream
-
     def test_the_plain_sum_does_not_hold_under_scaled_residuals(self) -> None:
         layer = self.model.layers[0]
         parts: list[torch.Tensor] = []  # bound outside: a name first bound inside a trace does not survive it
@@ -46,7 +36,10 @@ class ScaledResidual:
             parts.extend((layer.self_attn.attention_output.save(), layer.mlp.mlp_output.save()))
             leaving = layer.layer_output.save()
         assert not torch.allclose(entering + sum(parts), leaving, atol=1e-3), "the residual scales had no effect"
-        close(self.stream_after(0, entering, parts), leaving, what="the scaled sum vs layer_output")
+        scaled = entering
+        for name, part in zip(RESIDUAL_SCALES, parts, strict=True):
+            scaled = getattr(layer._module, name).detach() * scaled + part
+        close(scaled, leaving, what="the scaled sums, by hand, vs layer_output")
 
 
 class TestDoge(ScaledResidual, LayerSuite, AlibiAttentionSuite):

@@ -50,6 +50,14 @@ MOE_BROKEN = (
 RESIDUAL_SCALES = ("input_residual", "post_attention_residual")
 
 
+class DogeLayer(Layer):
+    """Doge's block: the stream scaled per channel before each addition."""
+
+    def stream_after_adding(self, index: int, stream: Any, contribution: Any) -> Any:
+        """``scale * stream + contribution``, the scale the block's vector for that addition (``RESIDUAL_SCALES``)."""
+        return getattr(self._module, RESIDUAL_SCALES[index]).detach() * stream + contribution
+
+
 class DogeCDMoE(Mlp):
     """Doge's mixture of product-key experts: its contribution, the first element of what it returns."""
 
@@ -67,7 +75,7 @@ class DogeCDMoE(Mlp):
 
 MODEL_TYPES = ("doge",)
 ENVOYS = {
-    MODELING.DogeDecoderLayer: Layer,
+    MODELING.DogeDecoderLayer: DogeLayer,
     MODELING.DogeAttention: Attention,
     MODELING.DogeMLP: Mlp,
     MODELING.DogeCDMoE: DogeCDMoE,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
+
+import torch
 
 from ..descriptor import EProperty
 from ..layouts import Residual
@@ -33,8 +36,33 @@ class Layer(Standard):
 
     except on a post-norm block (BART's), which normalizes the stream right
     after each addition (``stream_norms``): there
-    ``layer_output == norm2(norm1(layer_input + attention_output) + mlp_output)``.
+    ``layer_output == norm2(norm1(layer_input + attention_output) + mlp_output)``,
+    and on a block that weighs the stream and the contribution in its sum
+    (Doge's, ZAYA's, Beam's). ``stream_after_adding`` is each addition as the
+    block computes it, whatever the block.
     """
+
+    def stream_after_adding(self, index: int, stream: torch.Tensor, contribution: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the block's addition number ``index``, recomputed from its two operands.
+
+        ``index`` counts the block's additions in the forward's order (0: the
+        attention's, 1: the MLP's on a two-sublayer block); ``stream`` is the
+        stream entering that addition (``layer_input``, ``layer_mid``) and
+        ``contribution`` the sublayer's output added to it. The default is
+        ``stream + contribution``, then the ``stream_norms`` entry for
+        ``index``, if any; a family whose block weighs its operands says how.
+        Call it outside a trace, on saved tensors: it runs the block's own
+        modules and parameters, without gradient. With it,
+        ``layer_output`` is ``layer_input`` folded through every addition.
+        """
+        stream = stream + contribution
+        norms = self.stream_norms()
+        norm = norms[index] if index < len(norms) else None
+        if norm is None:
+            return stream
+        step = attrgetter(norm)(self._module)
+        with torch.no_grad():
+            return step(stream) if isinstance(step, torch.nn.Module) else stream * step
 
     def stream_norms(self) -> tuple[str | None, ...]:
         """The norms the block applies to the residual stream right after adding each contribution, in their order.

@@ -164,19 +164,15 @@ class LayerSuite(Suite):
     def stream_after(
         self, layer: int, entering: torch.Tensor, parts: list[torch.Tensor], first: int = 0
     ) -> torch.Tensor:
-        """The residual stream after adding ``parts`` to ``entering`` in order, each sum normalized where the block does.
+        """The residual stream after adding ``parts`` to ``entering`` in order, as the block adds each
+        (``Layer.stream_after_adding``).
 
         ``parts`` are the block's contributions from its ``first`` on (the MLP's alone, from ``layer_mid``).
         """
         block = self.model.layers[layer]
-        norms = block.stream_norms()[first:] or (None,) * len(parts)
         stream = entering
-        for part, norm in zip(parts, norms, strict=False):
-            stream = stream + part
-            if norm is not None:
-                step = attrgetter(norm)(block._module)
-                with torch.no_grad():
-                    stream = step(stream) if isinstance(step, torch.nn.Module) else stream * step
+        for index, part in enumerate(parts, start=first):
+            stream = block.stream_after_adding(index, stream, part)
         return stream
 
     def test_layer_mid_is_input_plus_the_sequence_mixers(self) -> None:
