@@ -10,6 +10,7 @@ from .families import (
     big_bird,
     bloom,
     camembert,
+    cpmant,
     data2vec_text,
     dbrx,
     deepseek_v3,
@@ -66,6 +67,7 @@ from .families import (
     xlm_roberta,
     xlm_roberta_xl,
     xmod,
+    zaya,
 )
 from .generic import generic_family
 from .own_arithmetic import OwnArithmeticAttention
@@ -95,6 +97,8 @@ def nnterp_families():
         modernbert_decoder,
         xmod,
         gemma3n_text,
+        zaya,
+        cpmant,
     ]
 
 

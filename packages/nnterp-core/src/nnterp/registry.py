@@ -92,6 +92,8 @@ KNOWN_DISTRIBUTIONS = {
             "modernbert-decoder",
             "xmod",
             "gemma3n_text",
+            "zaya",
+            "cpmant",
         ),
         "nnterp-attention",
     ),

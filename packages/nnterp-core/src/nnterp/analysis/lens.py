@@ -73,6 +73,10 @@ HEAD_UNAVAILABLE: dict[str, str] = {
     "inkling2_loop_text": "its forward soft-caps the logits with a module of its own (logit_softcap)",
     "gemma4_assistant": "its head reads a masked embedding of the stream, not the stream",
     "gemma4_unified_assistant": "its head reads a masked embedding of the stream, not the stream",
+    "cpmant": (
+        "its blocks run on learned prompt tokens put before the input, which the model drops after its final norm, "
+        "so a block's positions are not the tokens the logits are for"
+    ),
     "musicgen": "it has one head per codebook",
     "musicgen_melody": "it has one head per codebook",
     "prophetnet": (

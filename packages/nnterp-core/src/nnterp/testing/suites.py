@@ -529,7 +529,9 @@ class AttentionSuite(Suite):
         return saved
 
     def test_sizes_match_served_shapes(self) -> None:
-        seq = len(self.model.tokenizer(PROMPT).input_ids)
+        # the positions the blocks run on: the prompt's tokens, after any the model puts before them (CPM-Ant's)
+        prefix = getattr(self.model.family, "prefix_positions", lambda config: 0)
+        seq = len(self.model.tokenizer(PROMPT).input_ids) + prefix(self.model._module.config)
         for layer in self.attention_blocks():
             attention = self.model.layers[layer].self_attn
             queries, keys, values, pattern, heads = self.read(
