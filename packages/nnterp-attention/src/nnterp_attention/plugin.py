@@ -1,6 +1,7 @@
 """The nnterp-attention plugin: softmax attention, its families, and the suite ``nnterp check`` runs on them."""
 
 import nnterp
+from nnterp.registry import installed_families
 from nnterp.testing import AttentionSuite
 
 from .attention import Attention
@@ -99,6 +100,8 @@ def nnterp_families():
         gemma3n_text,
         zaya,
         cpmant,
+        # Beam ships from transformers 5.23
+        *installed_families("nnterp_attention.families.beam"),
     ]
 
 

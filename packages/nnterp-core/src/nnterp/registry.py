@@ -94,6 +94,7 @@ KNOWN_DISTRIBUTIONS = {
             "gemma3n_text",
             "zaya",
             "cpmant",
+            "beam",
         ),
         "nnterp-attention",
     ),
