@@ -64,3 +64,14 @@ def test_readme_census_tables_are_what_the_census_writes():
         [sys.executable, "-m", "nnterp", "coverage", "--markdown"], capture_output=True, text=True, check=True
     ).stdout
     assert block.group(1) == written, "regenerate the README's tables with `nnterp coverage --markdown`"
+
+
+def test_writing_a_plugin_names_every_name_a_family_declares():
+    """The README's "Writing a plugin" names each field of nnterp.family.Family, and no declaration that is not one."""
+    from nnterp.family import FIELDS
+
+    section = README.read_text().partition("## Writing a plugin")[2].partition("\n## ")[0]
+    named = set(re.findall(r"`([A-Za-z_]+)`", section)) | set(re.findall(r"^([A-Z_]+) = ", section, flags=re.M))
+    assert set(FIELDS) <= named, f"the README does not name {sorted(set(FIELDS) - named)}"
+    declarations = set(re.findall(r"^([A-Z][A-Z_]+) = ", section, flags=re.M))
+    assert declarations <= set(FIELDS), f"the README's examples declare {sorted(declarations - set(FIELDS))}"

@@ -1,3 +1,4 @@
+import re
 import sys
 import types
 import warnings
@@ -115,6 +116,7 @@ def test_a_plugin_that_fails_to_import_is_reported_and_the_others_work(tmp_path,
         "import types, nnterp\n"
         "family = types.ModuleType('working_plugin.families.solo')\n"
         "family.MODEL_TYPES = ('solo',)\n"
+        "family.ENVOYS, family.RENAME, family.TINY_CONFIG = {}, {}, {}\n"
         "@nnterp.hookimpl\n"
         "def nnterp_families():\n"
         "    return [family]\n"
@@ -197,3 +199,34 @@ def test_installed_families_leaves_out_a_family_of_a_model_this_transformers_lac
     assert [family.__name__ for family in found] == ["present_family"]
     with pytest.raises(ModuleNotFoundError, match="a_dependency_nobody_installed"):
         installed_families("broken_family")
+
+
+@pytest.mark.parametrize(
+    ("declare", "message"),
+    [
+        ("family.TINY_CONFG = {}", r"solo declares TINY_CONFG, which nnterp does not read: did you mean TINY_CONFIG\?"),
+        ("family.no_images = 'x'", r"solo declares no_images, which nnterp does not read: did you mean NO_IMAGES\?"),
+        ("family.MODEL_TYPES = ['solo']", r"solo declares MODEL_TYPES as list \['solo'\], not tuple\[str, \.\.\.\]"),
+        ("family.ATTENDS_BOTH_WAYS = 'yes'", r"solo declares ATTENDS_BOTH_WAYS as str 'yes', not <class 'bool'>"),
+        ("del family.RENAME", r"solo does not declare RENAME, which every family must"),
+    ],
+    ids=["misspelled", "wrong_case", "wrong_type", "wrong_type_flag", "missing"],
+)
+def test_a_misdeclared_family_fails_its_plugin_naming_the_family_and_the_name(declare, message):
+    """A family is checked against nnterp.family.Family when its plugin registers: its plugin is reported and
+    skipped, the others work, and the warning names the family and the name."""
+    family = family_module("solo", ("solo",))
+    exec(declare, {"family": family})
+
+    class Misdeclaring:
+        @nnterp.hookimpl
+        def nnterp_families(self):
+            return [family]
+
+    registry = Registry()
+    registry.register(Misdeclaring(), name="misdeclaring")
+    with pytest.warns(UserWarning, match=r"plugin 'misdeclaring' .* failed to declare its families"):
+        families = registry.families()
+    assert "solo" not in families and "llama" in families
+    (failure,) = [failure for failure in registry.failures if failure.name == "misdeclaring"]
+    assert re.search(message, failure.error), failure.error

@@ -239,7 +239,6 @@ def build_family(model_type: str, model: torch.nn.Module) -> ModuleType:
         family.RENAME = rename
         family.TINY_CONFIG = tiny_overrides(model_type)
         family.GENERIC = describe_layout(layout)
-        family.LAYOUT = layout
         FAMILIES[identity] = family
     return FAMILIES[identity]
 

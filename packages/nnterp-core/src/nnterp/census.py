@@ -22,6 +22,7 @@ from typing import Any
 from transformers.models.auto.configuration_auto import model_type_to_module_name
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from .family import declared
 from .forward_source import hub_kernels
 from .registry import REGISTRY, UnknownModelType, family_name
 
@@ -75,7 +76,7 @@ def causal_lm_types() -> list[str]:
     """
     types = list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     for family in REGISTRY.families().values():
-        causal_lm = getattr(family, "CAUSAL_LM", None)
+        causal_lm = declared(family).CAUSAL_LM
         if causal_lm is not None and causal_lm.config_class.model_type not in types:
             types.append(causal_lm.config_class.model_type)
     return types
@@ -95,7 +96,7 @@ def coverage() -> list[Coverage]:
             partly = served_kinds(model_type) if config is not None else ()
             rows.append(Coverage(model_type, None, None, kernels, reason=why_not(error, config), partly=partly))
             continue
-        generic = getattr(family, "GENERIC", None)
+        generic = declared(family).GENERIC
         plugin = generic_plugin if generic else plugin_of.get(id(family))
         rows.append(Coverage(model_type, family_name(family), plugin, kernels, generic=generic))
     return rows
@@ -194,7 +195,7 @@ def mixer_kinds() -> list[MixerKind]:
     found: dict[tuple[str, str], dict[str, set]] = {}
     for info in REGISTRY.plugins():
         for family in info.families:
-            for envoy in getattr(family, "ENVOYS", {}).values():
+            for envoy in declared(family).ENVOYS.values():
                 if not (isinstance(envoy, type) and issubclass(envoy, RecurrentMixer)):
                     continue
                 kind = found.setdefault((envoy.KIND, info.name), {"envoys": set(), "families": set(), "values": set()})

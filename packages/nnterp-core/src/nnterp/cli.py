@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 from . import compatibility
 from .components.declaration import forward_changes
+from .family import declared
 from .registry import REGISTRY, PluginError, family_name
 
 BAR_WIDTH = 20
@@ -80,7 +81,7 @@ def tiny_of(family: ModuleType) -> Any:
     from .testing import tiny_standardized
     from .testing.vision import tiny_vision_standardized
 
-    if vision_family(family) and not getattr(family, "NO_IMAGES", None):
+    if vision_family(family) and not declared(family).NO_IMAGES:
         return tiny_vision_standardized(family)
     return tiny_standardized(family)
 

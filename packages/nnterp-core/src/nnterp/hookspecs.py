@@ -24,18 +24,12 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def nnterp_families() -> list[ModuleType]:
     """The family modules this plugin provides.
 
-    A family module has ``MODEL_TYPES`` (the transformers ``model_type``\\ s it
-    handles), ``ENVOYS`` (module type or path pattern -> Envoy subclass, for
-    nnsight's ``envoys=``), ``RENAME`` (standard names for nnsight's
-    ``rename=``, merged over core's common spellings), ``TINY_CONFIG`` (kwargs
-    for ``AutoConfig.for_model(MODEL_TYPES[0], **TINY_CONFIG)`` that build a
-    random-weight model in well under a second) and, optionally, ``MODELING``
-    (the transformers modeling module its kernels live in) and ``CONTRIBUTIONS``
-    (the ``(module, value)`` contributions of a block in the order its forward
-    makes them, where that is not attention, mixer, MLP) and ``CAUSAL_LM`` (the
-    class its checkpoints load as for text, where transformers maps no causal
-    LM to the model type: GLM-5-Next's multimodal wrapper). It is reachable as
-    ``nnterp.families.<last dotted name>``.
+    What a family module declares, and what each name means, is
+    :class:`nnterp.family.Family`: ``MODEL_TYPES``, ``ENVOYS``, ``RENAME`` and
+    ``TINY_CONFIG`` always, the rest where the family needs them. The registry
+    checks every family against it when the plugin loads; a family declared
+    wrongly fails its plugin with the family and the name. A family is
+    reachable as ``nnterp.families.<last dotted name>``.
     """
 
 

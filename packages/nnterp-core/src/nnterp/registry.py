@@ -21,6 +21,7 @@ from typing import Any
 import pluggy
 
 from . import core_plugin, hookspecs
+from .family import FamilyError, declared
 
 ENTRY_POINT_GROUP = "nnterp"
 
@@ -283,6 +284,12 @@ class Registry:
         for plugin_name, plugin in self.manager.list_name_plugin():
             provided = self._provided(plugin_name, plugin)
             if provided is None:
+                continue
+            try:
+                for family in provided["nnterp_families"]:
+                    declared(family)
+            except FamilyError as error:
+                self._fail(plugin_name, error, "to declare its families")
                 continue
             distribution, version = self._sources.get(plugin_name, (None, None))
             infos.append(PluginInfo(plugin_name, distribution, version, plugin, list(provided["nnterp_families"])))

@@ -19,6 +19,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from .components.standard import blocks_support
 from .components.vision import VISION_NAMES, check_images, missing_tower, vision_family
 from .descriptor import DerivedEProperty, EProperty
+from .family import declared
 from .layouts import Logits, Probabilities
 from .placement import check_device_map, input_device, pipeline_placement
 from .registry import REGISTRY, ForeignModel, family_name
@@ -67,7 +68,7 @@ def load_task(family: ModuleType, model: Any, processor: Any, kwargs: dict) -> s
     """
     if "task" in kwargs:
         return kwargs["task"]
-    if not vision_family(family) or getattr(family, "NO_IMAGES", None):
+    if not vision_family(family) or declared(family).NO_IMAGES:
         return "text-generation"
     if processor is not None:
         return IMAGE_TEXT_TO_TEXT
@@ -87,7 +88,7 @@ def register_causal_lm(family: ModuleType, config: Any) -> None:
     ``AutoModelForCausalLM``, load such a checkpoint. A family with no
     ``CAUSAL_LM`` leaves transformers' mapping as it is.
     """
-    causal_lm = getattr(family, "CAUSAL_LM", None)
+    causal_lm = declared(family).CAUSAL_LM
     if causal_lm is not None:
         from transformers import AutoModelForCausalLM
 
@@ -231,13 +232,15 @@ class StandardizedTransformer(TransformersModel):
             super().__init__(model, tokenizer=tokenizer, **kwargs)
         object.__setattr__(self, "family", family)
         check_family_modules(family, kwargs["envoys"], self._module)
-        if getattr(family, "ROOT_SCATTER", None):
+        if declared(family).ROOT_SCATTER:
             # The images are scattered in the root's own forward, read after the tower's values inside it.
             self.source
 
     def _update(self, module: torch.nn.Module) -> None:
         super()._update(module)
-        if getattr(self.__dict__.get("family"), "ROOT_SCATTER", None):
+        # called while nnsight builds the model too, before the family is set
+        family = self.__dict__.get("family")
+        if family is not None and declared(family).ROOT_SCATTER:
             self.source
 
     def __getattr__(self, name: str) -> Any:
@@ -319,7 +322,7 @@ class StandardizedTransformer(TransformersModel):
         block's forward, and ``nnterp coverage --check`` is how they were
         verified on that model type.
         """
-        return getattr(self.family, "GENERIC", None)
+        return declared(self.family).GENERIC
 
     def __repr__(self) -> str:
         family = self.family

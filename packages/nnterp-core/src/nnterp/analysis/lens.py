@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..components.standard import axis_size
 from ..descriptor import DerivedEProperty, EProperty, Unavailable
+from ..family import declared
 from ..forward_source import ForwardSource
 from ..positions import Positions, select_indices
 
@@ -159,9 +160,9 @@ def head(model: Any) -> Head:
         if model_type in HEAD_UNAVAILABLE:
             raise Unavailable(f"unembed on a {model_type} model: {HEAD_UNAVAILABLE[model_type]}")
     envoys = {id(envoy._module): envoy for envoy in model.modules()}
-    declared = getattr(model.family, "HEAD", None)
-    if declared is not None:
-        final, unembedding = (), tuple(envoys[id(root.get_submodule(path))] for path in declared)
+    head = declared(model.family).HEAD
+    if head is not None:
+        final, unembedding = (), tuple(envoys[id(root.get_submodule(path))] for path in head)
     else:
         paths = {id(module): path for path, module in root.named_modules()}
         parent_path, _, blocks = paths[id(model.layers._module)].rpartition(".")

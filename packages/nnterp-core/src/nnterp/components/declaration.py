@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import transformers
 
+from ..family import declared
 from ..forward_source import Arm, Binding, Call, ForwardSource, NotInForward, Operation, callee
 
 if TYPE_CHECKING:
@@ -276,7 +277,7 @@ def family_of(module_class: type) -> str | None:
     from ..registry import REGISTRY
 
     for name, family in REGISTRY.families().items():
-        if module_class in getattr(family, "ENVOYS", {}):
+        if module_class in declared(family).ENVOYS:
             return name
     return None
 
@@ -295,7 +296,7 @@ def forward_changes(family: ModuleType) -> list[str]:
     from .recurrent import RecurrentMixer
 
     changes = []
-    for module_class, envoy in getattr(family, "ENVOYS", {}).items():
+    for module_class, envoy in declared(family).ENVOYS.items():
         if isinstance(module_class, type) and isinstance(envoy, type) and issubclass(envoy, RecurrentMixer):
             change = envoy.forward_mismatch(module_class)
             changes += [change] if change is not None else []

@@ -6,6 +6,7 @@ import warnings
 from collections.abc import Callable
 from types import ModuleType
 
+from ..family import declared, is_family
 from ..forward_source import callee
 from ..registry import REGISTRY
 from .call_site import INSTRUMENTED, bound_kernel
@@ -18,24 +19,23 @@ ROUTE_MODES = ("torch", "default")
 
 def _mixers(family: ModuleType) -> list[tuple[type, type]]:
     """``(module class, RecurrentMixer subclass)`` for every recurrent mixer a family wraps."""
-    envoys = getattr(family, "ENVOYS", None)
-    if not isinstance(family, ModuleType) or not isinstance(envoys, dict):
+    if not is_family(family):
         raise ValueError(
             f"route_kernels takes a family module (model.family, or nnterp.families.<name>) or the "
             f"transformers modeling module of one, not {family!r}"
         )
     return [
         (module_class, envoy_class)
-        for module_class, envoy_class in envoys.items()
+        for module_class, envoy_class in declared(family).ENVOYS.items()
         if isinstance(module_class, type) and isinstance(envoy_class, type) and issubclass(envoy_class, RecurrentMixer)
     ]
 
 
 def _family_of(target: ModuleType) -> ModuleType:
     """The family a route_kernels argument names: a family module, or the modeling module one declares."""
-    if isinstance(target, ModuleType) and not hasattr(target, "ENVOYS"):
+    if isinstance(target, ModuleType) and not is_family(target):
         for family in REGISTRY.families().values():
-            if getattr(family, "MODELING", None) is target:
+            if declared(family).MODELING is target:
                 return family
     return target
 

@@ -24,6 +24,7 @@ import torch
 from nnsight.intervention.envoy import Envoy
 
 from ..descriptor import EProperty, Unavailable
+from ..family import declared
 from ..layouts import ImageFeatures, ImageTokenMask, Neurons, Patches, PatchNeurons, Residual
 from .layer import Layer
 from .mlp import Mlp
@@ -148,7 +149,7 @@ def scatter_operation(host: Envoy) -> str | None:
     if isinstance(host, ImageScatter):
         return type(host).SCATTER
     if host is host.root:
-        return getattr(getattr(host, "family", None), "ROOT_SCATTER", None)
+        return declared(host.family).ROOT_SCATTER
     return None
 
 
@@ -261,7 +262,7 @@ class Vision(TowerPart):
         """Why no image reaches the model this tower belongs to, or ``None``: the one place that decides."""
         root = self.root
         family = getattr(root, "family", None)
-        broken = getattr(family, "NO_IMAGES", None)
+        broken = declared(family).NO_IMAGES
         if broken is not None:
             return broken
         if getattr(root, "processor", None) is None:

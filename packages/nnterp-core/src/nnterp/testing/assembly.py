@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from ..family import declared
 from ..registry import REGISTRY, family_name
 
 
@@ -31,5 +32,5 @@ def suite_for(family: ModuleType, model: Any) -> type:
     # The vision suite first: it builds the model with its processor, where the text side's suites run too.
     suites.sort(key=lambda suite: not issubclass(suite, VisionSuite))
     # A generic family is registered under no name, so its suite holds the module itself.
-    named = family if getattr(family, "GENERIC", None) else family_name(family)
+    named = family if declared(family).GENERIC else family_name(family)
     return type(f"Check_{family_name(family)}", tuple(suites), {"family": named})

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..family import declared
 from ..registry import REGISTRY
 from ..transformer import StandardizedTransformer, register_causal_lm
 from .tokenizer import local_tokenizer
@@ -37,9 +38,7 @@ def tiny_model(family: str | ModuleType, attn_implementation: str = "eager", see
     config = tiny_config(family, **overrides)
     register_causal_lm(_family(family), config)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype).eval()
-    # a family whose model initializes a learned value to a constant that hides what the suites check (ZAYA's key
-    # scale, zero: every key zero) gives it random values, as a vision family's tiny_weights does
-    tiny_weights = getattr(_family(family), "tiny_weights", None)
+    tiny_weights = declared(_family(family)).tiny_weights
     if tiny_weights is not None:
         tiny_weights(model)
     return model

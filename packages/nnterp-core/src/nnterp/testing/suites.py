@@ -24,6 +24,7 @@ import torch
 
 from ..analysis.lens import logit_lens
 from ..descriptor import Unavailable
+from ..family import declared
 from ..order import OrderError
 from ..transformer import StandardizedTransformer
 from .models import save_tiny, tiny_model, tiny_standardized
@@ -115,7 +116,7 @@ class LayerSuite(Suite):
         attention, recurrent mixer, MLP.
         """
         block = self.model.layers[layer]
-        order = getattr(self.model.family, "CONTRIBUTIONS", CONTRIBUTIONS)
+        order = declared(self.model.family).CONTRIBUTIONS or CONTRIBUTIONS
         return [(module, value) for module, value in order if getattr(block, module, None) is not None]
 
     def test_the_class_runs_the_suites_nnterp_check_runs(self) -> None:
@@ -530,8 +531,8 @@ class AttentionSuite(Suite):
 
     def test_sizes_match_served_shapes(self) -> None:
         # the positions the blocks run on: the prompt's tokens, after any the model puts before them (CPM-Ant's)
-        prefix = getattr(self.model.family, "prefix_positions", lambda config: 0)
-        seq = len(self.model.tokenizer(PROMPT).input_ids) + prefix(self.model._module.config)
+        prefix = declared(self.model.family).prefix_positions
+        seq = len(self.model.tokenizer(PROMPT).input_ids) + (prefix(self.model._module.config) if prefix else 0)
         for layer in self.attention_blocks():
             attention = self.model.layers[layer].self_attn
             queries, keys, values, pattern, heads = self.read(
@@ -550,7 +551,7 @@ class AttentionSuite(Suite):
 
     def skip_unless_causal(self) -> None:
         """Skip a test of the causal mask where the family says the installed transformers masks both ways."""
-        if getattr(self.model.family, "ATTENDS_BOTH_WAYS", False):
+        if declared(self.model.family).ATTENDS_BOTH_WAYS:
             raise unittest.SkipTest("this transformers masks the model bidirectionally despite is_decoder")
 
     def test_pattern_is_softmax_of_scores(self) -> None:

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..descriptor import Unavailable
+from ..family import declared
 from ..order import OrderError
 from ..transformer import StandardizedTransformer
 from .models import _family, tiny_config
@@ -62,7 +63,7 @@ def tiny_vision_model(family: str | ModuleType, attn_implementation: str = "eage
     torch.manual_seed(seed)
     config = tiny_config(family, **{"image_token_id": image_token_id, **family.TINY_CONFIG})
     model = AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation).eval()
-    tiny_weights = getattr(family, "tiny_weights", None)
+    tiny_weights = declared(family).tiny_weights
     if tiny_weights is not None:
         tiny_weights(model)
     return model
@@ -112,7 +113,7 @@ class VisionSuite(Suite):
 
     @classmethod
     def setup_class(cls) -> None:
-        reason = getattr(_family(cls.family), "NO_IMAGES", None)
+        reason = declared(_family(cls.family)).NO_IMAGES
         if reason is not None:
             raise unittest.SkipTest(reason)
         try:
@@ -130,7 +131,7 @@ class VisionSuite(Suite):
 
     @classmethod
     def load_saved(cls, directory: str) -> StandardizedTransformer:
-        needs_torchvision = getattr(_family(cls.family), "PROCESSOR_NEEDS_TORCHVISION", False)
+        needs_torchvision = declared(_family(cls.family)).PROCESSOR_NEEDS_TORCHVISION
         processor = tiny_processor(cls.family) if needs_torchvision else None
         return StandardizedTransformer(directory, processor=processor, **cls.load)
 
