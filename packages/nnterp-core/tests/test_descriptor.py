@@ -187,3 +187,17 @@ def test_a_bound_argument_reads_defaults_and_kwargs_and_refuses_a_parameter_the_
     assert BoundArgument(signature, "state").pick(call) is None
     with pytest.raises(TypeError, match="no parameter 'state'"):
         BoundArgument(signature, "state").place(call, 1.0)
+
+
+def test_a_value_declared_on_a_class_that_is_no_host_is_refused_when_the_class_is_made():
+    """A standard value asks its envoy about order and presence; a class that cannot answer is refused at once."""
+    from nnsight.intervention.envoy import Envoy
+
+    with pytest.raises(RuntimeError) as raised:
+
+        class Homeless(Envoy):
+            @EProperty("output")
+            def stream(self, value) -> Residual:
+                return value
+
+    assert "derive Homeless from nnterp.value_host.ValueHost" in str(raised.value.__cause__)

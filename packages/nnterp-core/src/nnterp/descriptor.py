@@ -45,8 +45,9 @@ from nnsight.intervention.source import SourceNotAvailable
 from nnsight.intervention.util import first_input, replace_first_input
 
 from . import layouts
-from .order import FORWARD_ORDER, OrderError, passed, standard_path
+from .order import OrderError, passed, standard_path
 from .tensor_parallel import POSITION_AXES, Fragment, SplitValueError, fragment, sliced_reason
+from .value_host import ValueHost
 
 Reason = "str | Callable[[Envoy], str | None] | None"
 Select = "int | str | ArgumentSelection | Callable[[Envoy], int | str | ArgumentSelection | None] | None"
@@ -186,6 +187,11 @@ class EProperty(eproperty):
         return self
 
     def __set_name__(self, owner: type, name: str) -> None:
+        if not issubclass(owner, ValueHost):
+            raise TypeError(
+                f"{owner.__name__}.{name}: a standard value is declared on a class that answers its questions; "
+                f"derive {owner.__name__} from nnterp.value_host.ValueHost (every Standard envoy is one)"
+            )
         if self.name is None:
             self.name = name
         if self.path is None:
@@ -211,8 +217,7 @@ class EProperty(eproperty):
         split by tensor parallelism, a value without a layout, whose rank's
         piece could not be told from the whole (``nnterp.tensor_parallel``).
         """
-        absent = getattr(type(obj), "absent", None)
-        whole = absent(obj) if absent is not None else None
+        whole = type(obj).absent(obj)
         if whole is not None:
             return whole
         own = self.unavailable(obj) if callable(self.unavailable) else self.unavailable
@@ -368,9 +373,7 @@ class EProperty(eproperty):
                 value = self._place(obj, raw, value)
             Mediator.swap(location, value)
         record_order(obj, self.name, written=True)
-        replaced = getattr(type(obj), "replaced", None)
-        if replaced is not None:
-            replaced(obj, location, value)
+        type(obj).replaced(obj, location, value)
 
     @contextmanager
     def in_order(self, obj: Envoy) -> Iterator[None]:
@@ -391,7 +394,7 @@ class EProperty(eproperty):
 
     def order_message(self, obj: Envoy, detail: str = "") -> str:
         """What an out-of-order request for this value says: the value, the forward's order, the fix."""
-        order = getattr(obj, "order_hint", lambda name: FORWARD_ORDER)(self.name)
+        order = type(obj).order_hint(obj, self.name)
         return f"{self.name} on {standard_path(obj)} was asked for after the forward produced it{detail}; {order}"
 
     def _fragment(self, obj: Envoy, location: str, local: Any) -> Fragment | None:
@@ -641,22 +644,17 @@ def inside_trace(obj: Envoy, what: str) -> None:
 
 def check_order(obj: Envoy, name: str) -> None:
     """Let the host refuse ``name`` now, when its forward has passed the value's place (a recurrent mixer's call)."""
-    check = getattr(type(obj), "check_order", None)
-    if check is not None:
-        check(obj, name)
+    type(obj).check_order(obj, name)
 
 
 def spans_calls(obj: Envoy, value: EProperty) -> bool:
     """Whether the host serves ``value`` across several calls its forward makes (a recurrent mixer's kept states)."""
-    spans = getattr(type(obj), "spans_calls", None)
-    return spans is not None and spans(obj, value)
+    return type(obj).spans_calls(obj, value)
 
 
 def record_order(obj: Envoy, name: str, written: bool = False) -> None:
     """Tell the host ``name`` was served (or written), so later requests can be checked against it."""
-    record = getattr(type(obj), "record_order", None)
-    if record is not None:
-        record(obj, name, written)
+    type(obj).record_order(obj, name, written)
 
 
 def number_kind(tensor: torch.Tensor) -> str:

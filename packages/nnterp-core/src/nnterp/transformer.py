@@ -25,6 +25,7 @@ from .placement import check_device_map, input_device, pipeline_placement
 from .registry import REGISTRY, ForeignModel, family_name
 from .remote import archive, by_value, carried, exclude_from_nnsight_by_value, shipped
 from .tensor_parallel import shim_nnsight
+from .value_host import ValueHost
 
 #: The spellings most transformers families share; a family's RENAME is merged over them.
 COMMON_RENAME: dict[Any, Any] = {
@@ -168,7 +169,7 @@ class Support(dict):
         return f"Support(generic family: {self.generic}, {table})" if self.generic else f"Support({table})"
 
 
-class StandardizedTransformer(TransformersModel):
+class StandardizedTransformer(ValueHost, TransformersModel):
     """A transformers language model whose values have the standard names, on every family.
 
     Args:

@@ -8,9 +8,10 @@ import torch
 from nnsight.intervention.envoy import Envoy
 
 from ..descriptor import EProperty
+from ..value_host import ValueHost
 
 
-class Standard(Envoy):
+class Standard(ValueHost, Envoy):
     """An envoy carrying standard values: what ``Layer``, ``Attention``, ``Mlp`` and the recurrent mixers share.
 
     Its values are the :class:`~nnterp.EProperty` attributes of its class; each
@@ -38,21 +39,6 @@ class Standard(Envoy):
         super()._update(module)
         if self.sourced:
             self.source
-
-    def absent(self) -> str | None:
-        """Why none of this envoy's values can be served on this load, or ``None``: checked before any value's own reason.
-
-        A vision tower's envoys say so on a load no image reaches (``Vision.no_images``).
-        """
-        return None
-
-    def replaced(self, location: str, value: Any) -> None:
-        """An assignment to one of this envoy's values has just put ``value`` at ``location``.
-
-        A host that keeps what it read of the running call (a recurrent mixer
-        keeps its kernel call's arguments) updates it here, so that values
-        computed later from it see the assignment.
-        """
 
     @classmethod
     def values(cls) -> dict[str, EProperty]:
