@@ -8,7 +8,12 @@ pytest.importorskip("transformers.models.beam", reason="Beam arrives in transfor
 
 import torch  # noqa: E402
 
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, MoeSuite, close, draw_selection_bias  # noqa: E402
+from nnterp.testing import (  # noqa: E402
+    PROMPT,
+    close,
+    draw_selection_bias,
+    family_suite,  # noqa: E402
+)
 
 
 def depth_scaled(contribution: torch.Tensor, stream: torch.Tensor, depth: int) -> torch.Tensor:
@@ -16,9 +21,7 @@ def depth_scaled(contribution: torch.Tensor, stream: torch.Tensor, depth: int) -
     return stream * math.sqrt((depth - 1) / depth) + contribution / math.sqrt(depth)
 
 
-class TestBeam(LayerSuite, AttentionSuite, MoeSuite):
-    family = "beam"
-
+class TestBeam(family_suite("beam")):
     @classmethod
     def build_model(cls):
         # A checkpoint's selection bias is learned; the tiny model's zeros would leave the scoring's bias unchecked.

@@ -5,8 +5,7 @@ from operator import attrgetter
 import torch
 
 from nnterp import POST_NORM_ATTENTION, POST_NORM_MLP
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close
-from nnterp_attention.testing import AlibiAttentionSuite
+from nnterp.testing import PROMPT, close, family_suite
 
 
 class PostNormBertChecks:
@@ -69,65 +68,65 @@ class PreNormBertChecks:
         close(leaving, written + added, what="layer_output vs written layer_mid + mlp_output")
 
 
-class TestBert(PostNormBertChecks, LayerSuite, AttentionSuite):
-    family = "bert"
+class TestBert(PostNormBertChecks, family_suite("bert")):
+    pass
 
 
-class TestBertGeneration(PostNormBertChecks, LayerSuite, AttentionSuite):
-    family = "bert_generation"
+class TestBertGeneration(PostNormBertChecks, family_suite("bert_generation")):
+    pass
 
 
-class TestCamembert(PostNormBertChecks, LayerSuite, AttentionSuite):
-    family = "camembert"
+class TestCamembert(PostNormBertChecks, family_suite("camembert")):
+    pass
 
 
-class TestData2VecText(PostNormBertChecks, LayerSuite, AttentionSuite):
-    family = "data2vec_text"
+class TestData2VecText(PostNormBertChecks, family_suite("data2vec_text")):
+    pass
 
 
-class TestElectra(PostNormBertChecks, LayerSuite, AttentionSuite):
-    family = "electra"
+class TestElectra(PostNormBertChecks, family_suite("electra")):
+    pass
 
 
-class TestErnie(PostNormBertChecks, LayerSuite, AttentionSuite):
-    family = "ernie"
+class TestErnie(PostNormBertChecks, family_suite("ernie")):
+    pass
 
 
-class TestRoberta(PostNormBertChecks, LayerSuite, AttentionSuite):
-    family = "roberta"
+class TestRoberta(PostNormBertChecks, family_suite("roberta")):
+    pass
 
 
-class TestRoCBert(PostNormBertChecks, LayerSuite, AttentionSuite):
-    family = "roc_bert"
+class TestRoCBert(PostNormBertChecks, family_suite("roc_bert")):
+    pass
 
 
-class TestXLMRoberta(PostNormBertChecks, LayerSuite, AttentionSuite):
-    family = "xlm_roberta"
+class TestXLMRoberta(PostNormBertChecks, family_suite("xlm_roberta")):
+    pass
 
 
-class TestRemBert(PostNormBertChecks, LayerSuite, AlibiAttentionSuite):
-    family = "rembert"
+class TestRemBert(PostNormBertChecks, family_suite("rembert")):
+    pass
 
 
-class TestBigBird(PostNormBertChecks, LayerSuite, AlibiAttentionSuite):
-    family = "big_bird"
+class TestBigBird(PostNormBertChecks, family_suite("big_bird")):
+    pass
 
 
-class TestGit(PostNormBertChecks, LayerSuite, AlibiAttentionSuite):
-    family = "git"
+class TestGit(PostNormBertChecks, family_suite("git")):
+    pass
 
 
-class TestRoFormer(PostNormBertChecks, LayerSuite, AlibiAttentionSuite):
-    family = "roformer"
+class TestRoFormer(PostNormBertChecks, family_suite("roformer")):
+    pass
 
 
-class TestMegatronBert(PreNormBertChecks, LayerSuite, AlibiAttentionSuite):
-    family = "megatron_bert"
+class TestMegatronBert(PreNormBertChecks, family_suite("megatron_bert")):
+    pass
 
 
-class TestRobertaPreLayerNorm(PreNormBertChecks, LayerSuite, AttentionSuite):
-    family = "roberta_prelayernorm"
+class TestRobertaPreLayerNorm(PreNormBertChecks, family_suite("roberta_prelayernorm")):
+    pass
 
 
-class TestXLMRobertaXL(PreNormBertChecks, LayerSuite, AttentionSuite):
-    family = "xlm_roberta_xl"
+class TestXLMRobertaXL(PreNormBertChecks, family_suite("xlm_roberta_xl")):
+    pass

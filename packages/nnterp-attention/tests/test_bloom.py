@@ -3,14 +3,12 @@ import torch
 from transformers.models.bloom import modeling_bloom as MODELING
 
 from nnterp import Unavailable
-from nnterp.testing import PROMPT, LayerSuite, Suite, close, tiny_standardized
+from nnterp.testing import PROMPT, Suite, close, family_suite, tiny_standardized
 from nnterp_attention.families.bloom import NORMED_RESIDUAL
-from nnterp_attention.testing import AlibiAttentionSuite, causal_softmax
+from nnterp_attention.testing import causal_softmax
 
 
-class TestBloom(LayerSuite, AlibiAttentionSuite):
-    family = "bloom"
-
+class TestBloom(family_suite("bloom")):
     def test_zero_queries_leave_the_alibi_bias(self) -> None:
         attention = self.model.layers[0].self_attn
         with self.model.trace(PROMPT):

@@ -4,13 +4,10 @@ import math
 
 import torch
 
-from nnterp.testing import PROMPT, LayerSuite, close
-from nnterp_attention.testing import AlibiAttentionSuite
+from nnterp.testing import PROMPT, close, family_suite
 
 
-class TestCpmAnt(LayerSuite, AlibiAttentionSuite):
-    family = "cpmant"
-
+class TestCpmAnt(family_suite("cpmant")):
     def prompt_length(self) -> int:
         return self.model._module.config.prompt_length
 

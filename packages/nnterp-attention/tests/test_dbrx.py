@@ -1,6 +1,6 @@
 import torch
 
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, MoeSuite, close
+from nnterp.testing import PROMPT, close, family_suite
 
 
 def experts_reference(mlp, inputs: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -17,9 +17,7 @@ def experts_reference(mlp, inputs: torch.Tensor, indices: torch.Tensor, weights:
     return routed
 
 
-class TestDbrx(LayerSuite, AttentionSuite, MoeSuite):
-    family = "dbrx"
-
+class TestDbrx(family_suite("dbrx")):
     def test_the_routed_output_is_the_weighted_experts(self) -> None:
         layer = self.moe_layers()[0]
         mlp = self.model.layers[layer].mlp

@@ -1,16 +1,14 @@
 import torch
 
 from nnterp import StandardizedTransformer
-from nnterp.testing import PROMPT, HyperConnectionSuite, MoeSuite, close, draw_selection_bias, tiny_standardized
-from nnterp_attention.testing import SinkAttentionSuite, sink_softmax
+from nnterp.testing import PROMPT, close, draw_selection_bias, family_suite, tiny_standardized
+from nnterp_attention.testing import sink_softmax
 
 #: Rates at which ``PROMPT`` compresses: four windows of four tokens, two of eight.
 RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}
 
 
-class TestDeepseekV4(HyperConnectionSuite, SinkAttentionSuite, MoeSuite):
-    family = "deepseek_v4"
-
+class TestDeepseekV4(family_suite("deepseek_v4")):
     @classmethod
     def build_model(cls) -> StandardizedTransformer:
         return draw_selection_bias(super().build_model(), 0.05)

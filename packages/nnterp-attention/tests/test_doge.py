@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nnterp import StandardizedTransformer
-from nnterp.testing import PROMPT, LayerSuite, close
+from nnterp.testing import PROMPT, LayerSuite, close, family_suite
 from nnterp_attention.families.doge import MOE_BROKEN, MOE_RUNS, PRODUCT_KEY_EXPERTS, RESIDUAL_SCALES
 from nnterp_attention.testing import AlibiAttentionSuite
 
@@ -42,9 +42,7 @@ class ScaledResidual:
         close(scaled, leaving, what="the scaled sums, by hand, vs layer_output")
 
 
-class TestDoge(ScaledResidual, LayerSuite, AlibiAttentionSuite):
-    family = "doge"
-
+class TestDoge(ScaledResidual, family_suite("doge", AlibiAttentionSuite)):
     def test_scores_carry_the_bias_of_the_values(self) -> None:
         """Scores are the scaled product of queries and keys plus exp(A * softplus(dt_proj(values))), per key."""
         attention = self.model.layers[0].self_attn

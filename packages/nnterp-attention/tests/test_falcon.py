@@ -5,7 +5,7 @@ import torch
 from transformers.models.falcon import modeling_falcon as MODELING
 
 from nnterp import Unavailable
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, Suite, close, tiny_standardized
+from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, Suite, close, family_suite, tiny_standardized
 from nnterp_attention import NOT_EAGER
 from nnterp_attention.families.falcon import FLASH, FUSED, PARALLEL_BLOCK
 from nnterp_attention.testing import AlibiAttentionSuite
@@ -199,10 +199,8 @@ class TestFalcon40B(LayerSuite, AttentionSuite, FalconSuite, ParallelBlock):
             assert not torch.allclose(keys[:, 0], keys[:, 1]), "the two groups got the same key"
 
 
-class TestFalcon7B(LayerSuite, AlibiAttentionSuite, FalconSuite, ParallelBlock):
+class TestFalcon7B(family_suite("falcon", AlibiAttentionSuite), FalconSuite, ParallelBlock):
     """parallel_attn with one norm and multi_query: both sublayers are called with input_layernorm's output."""
-
-    family = "falcon"
 
     def test_flash_attention_is_reported_unread(self) -> None:
         """Flash attention runs no eager arithmetic this family reads: every interior value says so, rather than waiting."""

@@ -1,13 +1,10 @@
 import torch
 
-from nnterp.testing import AttentionSuite, LayerSuite
+from nnterp.testing import family_suite
 from nnterp.testing.suites import close
-from nnterp.testing.vision import VisionSuite
 
 
-class TestGemma3(LayerSuite, AttentionSuite, VisionSuite):
-    family = "gemma3"
-
+class TestGemma3(family_suite("gemma3")):
     def test_the_projector_pools_the_tower_output(self) -> None:
         with self.model.trace(self.encoding()):
             tower = self.model.vision.tower_output.save()

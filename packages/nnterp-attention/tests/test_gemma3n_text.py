@@ -3,13 +3,10 @@ import math
 import pytest
 import torch
 
-from nnterp.testing import PROMPT, AttentionSuite, close, tiny_standardized
-from nnterp_attention.testing import Gemma3nLayerSuite
+from nnterp.testing import PROMPT, close, family_suite, tiny_standardized
 
 
-class TestGemma3nText(Gemma3nLayerSuite, AttentionSuite):
-    family = "gemma3n_text"
-
+class TestGemma3nText(family_suite("gemma3n_text")):
     def test_a_block_whose_keys_are_reused_refuses_to_be_skipped(self) -> None:
         with pytest.raises(ValueError, match=r"blocks \[3\] attend over its keys"), self.model.trace(PROMPT):
             self.model.layers[2].skip(self.model.layers[2].layer_input)

@@ -1,14 +1,12 @@
 import torch
 
 from nnterp import StandardizedTransformer
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, MoeSuite, close
-from nnterp.testing.vision import VisionSuite, tiny_vision_model, tiny_vision_standardized
+from nnterp.testing import PROMPT, close, family_suite
+from nnterp.testing.vision import tiny_vision_model, tiny_vision_standardized
 from nnterp_attention.testing import drawn_layer_scalars
 
 
-class TestGemma4(VisionSuite, LayerSuite, AttentionSuite, MoeSuite):
-    family = "gemma4"
-
+class TestGemma4(family_suite("gemma4")):
     @classmethod
     def build_model(cls):
         # A scalar of one would let the identities it enters pass without it.

@@ -3,7 +3,7 @@ from operator import attrgetter
 import pytest
 import torch
 
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, MoeSuite, close, tiny_standardized
+from nnterp.testing import PROMPT, LayerSuite, close, family_suite, tiny_standardized
 
 
 def drawn(model, *names):
@@ -17,9 +17,7 @@ def drawn(model, *names):
     return model
 
 
-class TestGemma4Text(LayerSuite, AttentionSuite, MoeSuite):
-    family = "gemma4_text"
-
+class TestGemma4Text(family_suite("gemma4_text")):
     @classmethod
     def build_model(cls):
         # Each of these starts at one, where leaving it out of the identities they enter would go unnoticed.

@@ -1,11 +1,9 @@
 from nnterp import StandardizedTransformer
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close, tiny_model, tiny_standardized
+from nnterp.testing import PROMPT, close, family_suite, tiny_model, tiny_standardized
 from nnterp_attention.testing import drawn_layer_scalars
 
 
-class TestGemma4UnifiedText(LayerSuite, AttentionSuite):
-    family = "gemma4_unified_text"
-
+class TestGemma4UnifiedText(family_suite("gemma4_unified_text")):
     @classmethod
     def build_model(cls):
         return drawn_layer_scalars(tiny_standardized(cls.family, **cls.load))

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from nnterp import Unavailable
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close, tiny_standardized
+from nnterp.testing import PROMPT, LayerSuite, close, family_suite, tiny_standardized
 from nnterp_attention import NOT_EAGER
 from nnterp_attention.families.gpt2 import REORDERED
 
@@ -16,9 +16,7 @@ INTERFACE_VALUES = (
 )
 
 
-class TestGPT2(LayerSuite, AttentionSuite):
-    family = "gpt2"
-
+class TestGPT2(family_suite("gpt2")):
     def test_norms_and_conv1d_mlp_under_standard_names(self) -> None:
         layer = self.model.layers[0]
         ln_1 = layer.input_layernorm._module

@@ -2,8 +2,7 @@
 
 import torch
 
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close
-from nnterp_attention.testing import AlibiAttentionSuite
+from nnterp.testing import PROMPT, AttentionSuite, close, family_suite
 
 
 def windowed(seq: int, window: int | None) -> torch.Tensor:
@@ -50,8 +49,8 @@ class GPTNeoChecks:
         assert tuple(keys.shape) == (1, attention.num_heads, seq + 1, attention.head_dim)
 
 
-class TestGPTNeo(GPTNeoChecks, LayerSuite, AlibiAttentionSuite):
-    family = "gpt_neo"
+class TestGPTNeo(GPTNeoChecks, family_suite("gpt_neo")):
+    pass
 
 
 class TestGPTNeoNarrowWindow(GPTNeoChecks, AttentionSuite):

@@ -1,11 +1,9 @@
 from nnterp import PARALLEL
-from nnterp.testing import AttentionSuite, LayerSuite
+from nnterp.testing import LayerSuite, family_suite
 
 
-class TestGPTNeoX(LayerSuite, AttentionSuite):
+class TestGPTNeoX(family_suite("gpt_neox")):
     """The default, parallel block: both sublayers read the block's input."""
-
-    family = "gpt_neox"
 
     def test_parallel_block_has_no_layer_mid(self) -> None:
         assert self.model.support()["layer_mid"] == {layer: PARALLEL for layer in range(self.model.num_layers)}

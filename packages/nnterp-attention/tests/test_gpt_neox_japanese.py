@@ -2,13 +2,10 @@
 
 import torch
 
-from nnterp.testing import PROMPT, LayerSuite, close
-from nnterp_attention.testing import AlibiAttentionSuite
+from nnterp.testing import PROMPT, close, family_suite
 
 
-class TestGPTNeoXJapanese(LayerSuite, AlibiAttentionSuite):
-    family = "gpt_neox_japanese"
-
+class TestGPTNeoXJapanese(family_suite("gpt_neox_japanese")):
     @classmethod
     def build_model(cls):
         """The tiny model with the last block's attention bias off zero, its initial value, so that it shows."""

@@ -1,12 +1,9 @@
 import torch
 
-from nnterp.testing import LayerSuite, MoeSuite, tiny_standardized
-from nnterp_attention.testing import SinkAttentionSuite
+from nnterp.testing import family_suite, tiny_standardized
 
 
-class TestGptOss(LayerSuite, SinkAttentionSuite, MoeSuite):
-    family = "gpt_oss"
-
+class TestGptOss(family_suite("gpt_oss")):
     @classmethod
     def build_model(cls):
         model = tiny_standardized(cls.family, **cls.load)

@@ -1,13 +1,10 @@
 import pytest
 import torch
 
-from nnterp.testing import PROMPT, HyperConnectionSuite, MoeSuite, close
-from nnterp_attention.testing import SinkAttentionSuite
+from nnterp.testing import PROMPT, close, family_suite
 
 
-class TestHYV4(HyperConnectionSuite, SinkAttentionSuite, MoeSuite):
-    family = "hy_v4"
-
+class TestHYV4(family_suite("hy_v4")):
     def test_the_final_norm_reads_the_streams_weighted_by_the_head(self) -> None:
         with self.model.trace(PROMPT):
             leaving = self.model.layers[-1].layer_output.save()

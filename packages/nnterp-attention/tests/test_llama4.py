@@ -4,13 +4,12 @@ import torch
 
 from nnterp import StandardizedTransformer
 from nnterp.analysis.lens import logit_lens
+from nnterp.testing import family_suite
 from nnterp.testing.suites import close, raises
-from nnterp.testing.vision import VisionSuite, tiny_vision_model, vision_tokenizer
+from nnterp.testing.vision import tiny_vision_model, vision_tokenizer
 
 
-class TestLlama4(VisionSuite):
-    family = "llama4"
-
+class TestLlama4(family_suite("llama4")):
     def test_the_tower_output_keeps_the_cls_token_the_adapter_drops(self) -> None:
         vision = self.model.vision
         with self.model.trace(self.encoding()):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from nnterp import Moe
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, MoeSuite, close
+from nnterp.testing import PROMPT, close, family_suite
 
 
 def experts_reference(mlp, inputs, indices, weights, scale_inputs: bool = True) -> torch.Tensor:
@@ -24,9 +24,7 @@ def unchosen(indices: torch.Tensor, num_experts: int) -> torch.Tensor:
     return (~taken).int().argmax(-1)
 
 
-class TestLlama4Text(LayerSuite, AttentionSuite, MoeSuite):
-    family = "llama4_text"
-
+class TestLlama4Text(family_suite("llama4_text")):
     def moe(self):
         layer = self.moe_layers()[0]
         return layer, self.model.layers[layer].mlp

@@ -1,8 +1,8 @@
 import torch
 from transformers.image_processing_utils import select_best_resolution
 
+from nnterp.testing import family_suite
 from nnterp.testing.suites import close
-from nnterp.testing.vision import VisionSuite
 
 
 def runs(mask: torch.Tensor) -> list[tuple[int, int]]:
@@ -11,8 +11,7 @@ def runs(mask: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip((edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist(), strict=True))
 
 
-class TestLlavaNext(VisionSuite):
-    family = "llava_next"
+class TestLlavaNext(family_suite("llava_next")):
     #: A tall image, resized into the 2 x 2 tile grid with padding columns that unpadding cuts, and a wide one in 1 x 2.
     SIZES = ((60, 20), (30, 60))
 

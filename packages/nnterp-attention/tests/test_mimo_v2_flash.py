@@ -1,12 +1,9 @@
 import torch
 
-from nnterp.testing import LayerSuite, MoeSuite, draw_selection_bias
-from nnterp_attention.testing import SinkAttentionSuite
+from nnterp.testing import draw_selection_bias, family_suite
 
 
-class TestMiMoV2Flash(LayerSuite, SinkAttentionSuite, MoeSuite):
-    family = "mimo_v2_flash"
-
+class TestMiMoV2Flash(family_suite("mimo_v2_flash")):
     @classmethod
     def build_model(cls):
         # A checkpoint's selection bias is learned; the tiny model's zeros would leave the scoring's bias unchecked.

@@ -1,14 +1,11 @@
 import torch
 
 from nnterp import Unavailable
-from nnterp.testing import AttentionSuite, LayerSuite
+from nnterp.testing import family_suite
 from nnterp.testing.suites import close, raises
-from nnterp.testing.vision import VisionSuite
 
 
-class TestMistral3(LayerSuite, AttentionSuite, VisionSuite):
-    family = "mistral3"
-
+class TestMistral3(family_suite("mistral3")):
     def test_each_image_is_its_own_grid_of_the_padded_convolution(self) -> None:
         encoding = self.encoding()
         patch = self.model.vision.patch_size

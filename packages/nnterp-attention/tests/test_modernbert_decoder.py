@@ -2,13 +2,11 @@
 
 import torch
 
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close
+from nnterp.testing import PROMPT, close, family_suite
 from nnterp.testing.suites import Suite
 
 
-class TestModernBertDecoder(LayerSuite, AttentionSuite):
-    family = "modernbert_decoder"
-
+class TestModernBertDecoder(family_suite("modernbert_decoder")):
     def test_the_first_blocks_attention_reads_the_stream_itself(self) -> None:
         """Block 0 has no attention norm (an identity): what the attention is called with is layer_input; block 1 norms it."""
         saved = []

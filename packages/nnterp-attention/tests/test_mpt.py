@@ -2,13 +2,11 @@ import pytest
 import torch
 from transformers.models.mpt import modeling_mpt as MODELING
 
-from nnterp.testing import PROMPT, LayerSuite, close, tiny_standardized
+from nnterp.testing import PROMPT, close, family_suite, tiny_standardized
 from nnterp_attention.testing import AlibiAttentionSuite, causal_softmax
 
 
-class TestMpt(LayerSuite, AlibiAttentionSuite):
-    family = "mpt"
-
+class TestMpt(family_suite("mpt")):
     def test_zero_queries_leave_the_alibi_bias(self) -> None:
         attention = self.model.layers[0].self_attn
         with self.model.trace(PROMPT):

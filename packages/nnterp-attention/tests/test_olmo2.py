@@ -1,10 +1,8 @@
 from nnterp import POST_NORM_ATTENTION, POST_NORM_MLP
-from nnterp.testing import AttentionSuite, LayerSuite
+from nnterp.testing import family_suite
 
 
-class TestOlmo2(LayerSuite, AttentionSuite):
-    family = "olmo2"
-
+class TestOlmo2(family_suite("olmo2")):
     def test_post_norm_block_has_no_pre_norm_outputs(self) -> None:
         support = self.model.support()
         every = range(self.model.num_layers)

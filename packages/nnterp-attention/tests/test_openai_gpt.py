@@ -4,13 +4,10 @@ import pytest
 import torch
 
 from nnterp import POST_NORM_ATTENTION, POST_NORM_MLP
-from nnterp.testing import PROMPT, LayerSuite, close
-from nnterp_attention.testing import AlibiAttentionSuite
+from nnterp.testing import PROMPT, close, family_suite
 
 
-class TestOpenAIGPT(LayerSuite, AlibiAttentionSuite):
-    family = "openai_gpt"
-
+class TestOpenAIGPT(family_suite("openai_gpt")):
     def test_post_norm_block_has_no_pre_norm_outputs(self) -> None:
         support = self.model.support()
         every = range(self.model.num_layers)

@@ -3,7 +3,7 @@
 import torch
 
 from nnterp import POST_NORM_ATTENTION, POST_NORM_MLP
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close
+from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close, family_suite
 from nnterp.testing.suites import BATCH
 
 
@@ -55,9 +55,7 @@ class FlatTokenChecks:
             close(entering + attention + parts[0], edited[1], what="layer_output after writing mlp_output")
 
 
-class TestOPT(FlatTokenChecks, LayerSuite, AttentionSuite):
-    family = "opt"
-
+class TestOPT(FlatTokenChecks, family_suite("opt")):
     def test_pre_norms_feed_the_sublayers(self) -> None:
         layer = self.model.layers[0]
         block = layer._module

@@ -1,13 +1,11 @@
 import torch
 
-from nnterp.testing import AttentionSuite, LayerSuite
+from nnterp.testing import family_suite
 from nnterp.testing.suites import close
-from nnterp_attention.testing import QwenVisionSuite, attend
+from nnterp_attention.testing import attend
 
 
-class TestQwen2_5VL(QwenVisionSuite, LayerSuite, AttentionSuite):
-    family = "qwen2_5_vl"
-
+class TestQwen2_5VL(family_suite("qwen2_5_vl")):
     def test_the_blocks_take_the_patch_embeddings_in_window_order(self) -> None:
         encoding = self.encoding()
         order, _ = self.windows(encoding)

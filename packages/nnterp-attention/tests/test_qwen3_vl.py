@@ -1,11 +1,8 @@
-from nnterp.testing import AttentionSuite, LayerSuite
+from nnterp.testing import family_suite
 from nnterp.testing.suites import close
-from nnterp_attention.testing import QwenVisionSuite
 
 
-class TestQwen3VL(QwenVisionSuite, LayerSuite, AttentionSuite):
-    family = "qwen3_vl"
-
+class TestQwen3VL(family_suite("qwen3_vl")):
     def test_the_blocks_take_the_patch_embeddings_plus_learned_positions(self) -> None:
         self.model.vision.source  # instrumented before the run: its forward is entered before the first read
         with self.model.trace(self.encoding()):

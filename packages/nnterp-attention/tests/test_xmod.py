@@ -3,7 +3,7 @@
 import torch
 
 from nnterp import POST_NORM_ATTENTION, POST_NORM_MLP
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close
+from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close, family_suite
 
 
 class AdapterChecks:
@@ -44,9 +44,7 @@ class AdapterChecks:
         )
 
 
-class TestXmod(AdapterChecks, LayerSuite, AttentionSuite):
-    family = "xmod"
-
+class TestXmod(AdapterChecks, family_suite("xmod")):
     def test_post_norm_block_has_no_pre_norm_outputs(self) -> None:
         support = self.model.support()
         every = range(self.model.num_layers)

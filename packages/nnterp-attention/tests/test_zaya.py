@@ -3,7 +3,7 @@
 import torch
 
 from nnterp import StandardizedTransformer
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, MoeSuite, close, draw_selection_bias, tiny_standardized
+from nnterp.testing import PROMPT, close, draw_selection_bias, family_suite, tiny_standardized
 from nnterp_attention.families.zaya import RESIDUAL_SCALINGS
 
 
@@ -38,9 +38,7 @@ def moved_off_initial_values(model: StandardizedTransformer) -> StandardizedTran
     return draw_selection_bias(model, 0.1, bias="balancing_biases")
 
 
-class TestZaya(LayerSuite, AttentionSuite, MoeSuite):
-    family = "zaya"
-
+class TestZaya(family_suite("zaya")):
     @classmethod
     def build_model(cls):
         return moved_off_initial_values(super().build_model())

@@ -1,13 +1,10 @@
 import subprocess
 import sys
 
-from nnterp.testing import PROMPT, AttentionSuite, HyperConnectionSuite, MoeSuite, close, save_tiny
-from nnterp_deltanet.testing import DeltaNetSuite, Glm5NextVisionSuite
+from nnterp.testing import PROMPT, close, family_suite, save_tiny
 
 
-class TestGlm5Next(Glm5NextVisionSuite, HyperConnectionSuite, AttentionSuite, DeltaNetSuite, MoeSuite):
-    family = "glm5_next"
-
+class TestGlm5Next(family_suite("glm5_next")):
     def test_the_final_norm_reads_the_mean_of_the_streams(self) -> None:
         with self.model.trace(PROMPT):
             leaving = self.model.layers[-1].layer_output.save()

@@ -1,10 +1,7 @@
-from nnterp.testing import AttentionSuite, ForwardChangeSuite, LayerSuite, MoeSuite, draw_selection_bias
-from nnterp_deltanet.testing import DeltaNetSuite
+from nnterp.testing import ForwardChangeSuite, draw_selection_bias, family_suite
 
 
-class TestKimiLinear(LayerSuite, AttentionSuite, DeltaNetSuite, MoeSuite, ForwardChangeSuite):
-    family = "kimi_linear"
-
+class TestKimiLinear(family_suite("kimi_linear"), ForwardChangeSuite):
     @classmethod
     def build_model(cls):
         # A checkpoint's selection bias is learned; the tiny model's zeros would leave the scoring's bias unchecked.

@@ -3,16 +3,12 @@ import tempfile
 import torch
 
 from nnterp import StandardizedTransformer
-from nnterp.testing import AttentionSuite, LayerSuite
+from nnterp.testing import family_suite
 from nnterp.testing.suites import PROMPT, close, raises
 from nnterp.testing.vision import tiny_vision_model
-from nnterp_attention.testing import QwenVisionSuite
-from nnterp_deltanet.testing import DeltaNetSuite
 
 
-class TestQwen3_5(DeltaNetSuite, QwenVisionSuite, LayerSuite, AttentionSuite):
-    family = "qwen3_5"
-
+class TestQwen3_5(family_suite("qwen3_5")):
     def test_the_mixers_run_over_the_image_tokens(self) -> None:
         layer = self.recurrent_layers()[0]
         mixer = self.model.layers[layer].linear_attn

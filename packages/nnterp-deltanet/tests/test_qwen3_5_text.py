@@ -1,6 +1,5 @@
-from nnterp.testing import AttentionSuite, ForwardChangeSuite, LayerSuite
-from nnterp_deltanet.testing import DeltaNetSuite
+from nnterp.testing import ForwardChangeSuite, family_suite
 
 
-class TestQwen3_5Text(LayerSuite, AttentionSuite, DeltaNetSuite, ForwardChangeSuite):
-    family = "qwen3_5_text"
+class TestQwen3_5Text(family_suite("qwen3_5_text"), ForwardChangeSuite):
+    pass

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from nnterp import Unavailable
-from nnterp.testing import PROMPT, AttentionSuite, ForwardChangeSuite, LayerSuite, close
+from nnterp.testing import PROMPT, ForwardChangeSuite, close, family_suite
 from nnterp_mamba.testing import SelectiveScanSuite
 
 
-class TestZamba(LayerSuite, AttentionSuite, SelectiveScanSuite):
-    family = "zamba"
+class TestZamba(family_suite("zamba")):
+    pass
 
 
 class TestZambaTwoMambaHeads(SelectiveScanSuite):

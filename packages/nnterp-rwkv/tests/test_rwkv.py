@@ -1,6 +1,5 @@
-from nnterp.testing import ForwardChangeSuite
-from nnterp_rwkv.testing import RwkvLayerSuite, WkvSuite
+from nnterp.testing import ForwardChangeSuite, family_suite
 
 
-class TestRwkv(RwkvLayerSuite, WkvSuite, ForwardChangeSuite):
-    family = "rwkv"
+class TestRwkv(family_suite("rwkv"), ForwardChangeSuite):
+    pass

@@ -2,13 +2,10 @@
 
 import torch
 
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, close
-from nnterp_ssd.testing import SSDSuite
+from nnterp.testing import PROMPT, close, family_suite
 
 
-class TestFalconH1(LayerSuite, AttentionSuite, SSDSuite):
-    family = "falcon_h1"
-
+class TestFalconH1(family_suite("falcon_h1")):
     def test_contributions_are_the_scaled_outputs(self) -> None:
         model = self.model
         config = model._module.config

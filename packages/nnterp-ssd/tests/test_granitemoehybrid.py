@@ -1,13 +1,10 @@
 """GraniteMoeHybrid: a Mamba-2 block and an attention block, each with experts beside a shared MLP, scaled into the stream."""
 
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, MoeSuite, close
+from nnterp.testing import PROMPT, LayerSuite, close, family_suite
 from nnterp_ssd.families.granitemoehybrid import NO_EXPERTS
-from nnterp_ssd.testing import SSDSuite
 
 
-class TestGraniteMoeHybrid(LayerSuite, AttentionSuite, SSDSuite, MoeSuite):
-    family = "granitemoehybrid"
-
+class TestGraniteMoeHybrid(family_suite("granitemoehybrid")):
     def test_written_parts_are_what_the_block_adds(self) -> None:
         # The parts are the model's own tensors: the block adds their written values, scaled by residual_multiplier.
         with self.model.trace(PROMPT):

@@ -4,16 +4,13 @@ import pytest
 
 import nnterp
 from nnterp import StandardizedTransformer
-from nnterp.testing import PROMPT, ForwardChangeSuite, LayerSuite, save_tiny, tiny_standardized
+from nnterp.testing import PROMPT, ForwardChangeSuite, family_suite, save_tiny, tiny_standardized
 from nnterp.testing.recurrent import close_relative
 from nnterp_ssd import StateSpace, chunk_per_token
 from nnterp_ssd.families import mamba2
-from nnterp_ssd.testing import SSDSuite
 
 
-class TestMamba2(LayerSuite, SSDSuite, ForwardChangeSuite):
-    family = "mamba2"
-
+class TestMamba2(family_suite("mamba2"), ForwardChangeSuite):
     def test_plugin_adds_the_family_and_chunk_per_token(self) -> None:
         assert nnterp.families.mamba2 is mamba2
         assert self.model.family is mamba2

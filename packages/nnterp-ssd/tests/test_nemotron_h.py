@@ -3,9 +3,8 @@
 import pytest
 
 from nnterp import Unavailable
-from nnterp.testing import PROMPT, AttentionSuite, LayerSuite, MoeSuite, draw_selection_bias
+from nnterp.testing import PROMPT, MoeSuite, draw_selection_bias, family_suite
 from nnterp_ssd.families.nemotron_h import LATENT
-from nnterp_ssd.testing import SSDSuite
 
 
 class BiasedRouter:
@@ -15,8 +14,8 @@ class BiasedRouter:
         return draw_selection_bias(super().build_model(), 0.1)
 
 
-class TestNemotronH(BiasedRouter, LayerSuite, AttentionSuite, SSDSuite, MoeSuite):
-    family = "nemotron_h"
+class TestNemotronH(BiasedRouter, family_suite("nemotron_h")):
+    pass
 
 
 class TestNemotronHLatent(BiasedRouter, MoeSuite):

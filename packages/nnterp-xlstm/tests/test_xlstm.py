@@ -3,13 +3,12 @@
 import transformers
 from transformers.models.xlstm import modeling_xlstm
 
-from nnterp.testing import LayerSuite
+from nnterp.testing import family_suite
 from nnterp_xlstm.matrix_memory import MatrixMemory, forward_labels
-from nnterp_xlstm.testing import MatrixMemorySuite
 
 
-class TestXlstm(LayerSuite, MatrixMemorySuite):
-    family = "xlstm"
+class TestXlstm(family_suite("xlstm")):
+    pass
 
 
 def test_a_changed_forward_is_named_before_any_model_runs(monkeypatch) -> None:

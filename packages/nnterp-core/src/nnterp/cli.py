@@ -191,9 +191,9 @@ def check_families(out: TextIO, families: list[ModuleType], results: list[dict[s
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                suite = suite_for(family, tiny_of(family))
+                suite = suite_for(family)
             except Exception:
-                passed, skipped, failures = 0, 0, [("building the tiny model", traceback.format_exc(limit=-3))]
+                passed, skipped, failures = 0, 0, [("assembling the suites", traceback.format_exc(limit=-3))]
             else:
                 passed, skipped, failures = run_suite(suite, progress_bar(out, label))
         verdict = "ok" if not failures else "FAILED"

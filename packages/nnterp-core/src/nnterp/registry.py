@@ -96,6 +96,7 @@ KNOWN_DISTRIBUTIONS = {
             "zaya",
             "cpmant",
             "beam",
+            "longcat_flash",
         ),
         "nnterp-attention",
     ),

@@ -1,5 +1,6 @@
 """Testing kit: tiny models built locally, and the conformance suites a family's tests mix in."""
 
+from .assembly import family_suite
 from .forward_change import ForwardChangeSuite
 from .models import save_tiny, tiny_config, tiny_model, tiny_standardized
 from .moe import MoeSuite, draw_selection_bias
@@ -40,6 +41,7 @@ __all__ = [
     "close",
     "close_relative",
     "draw_selection_bias",
+    "family_suite",
     "local_tokenizer",
     "mild_decays",
     "save_tiny",

@@ -130,7 +130,7 @@ class LayerSuite(Suite):
 
         if self.load:
             raise unittest.SkipTest("a variant configuration: nnterp check builds the family's default one")
-        checked = suite_for(self.model.family, self.model).__bases__
+        checked = suite_for(self.model.family).__bases__
         # a suite is what a testing kit publishes (nnterp.testing, a plugin's .testing), whether registered or not
         here = [
             suite

@@ -1,5 +1,0 @@
-from nnterp.testing import AttentionSuite, LayerSuite
-
-
-class TestLlama(LayerSuite, AttentionSuite):
-    family = "llama"

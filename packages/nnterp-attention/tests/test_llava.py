@@ -1,5 +1,0 @@
-from nnterp.testing.vision import VisionSuite
-
-
-class TestLlava(VisionSuite):
-    family = "llava"

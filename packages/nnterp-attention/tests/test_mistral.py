@@ -1,5 +1,0 @@
-from nnterp.testing import AttentionSuite, LayerSuite
-
-
-class TestMistral(LayerSuite, AttentionSuite):
-    family = "mistral"

@@ -1,5 +1,0 @@
-from nnterp.testing import AttentionSuite, LayerSuite, MoeSuite
-
-
-class TestMixtral(LayerSuite, AttentionSuite, MoeSuite):
-    family = "mixtral"

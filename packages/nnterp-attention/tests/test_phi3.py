@@ -1,5 +1,0 @@
-from nnterp.testing import AttentionSuite, LayerSuite
-
-
-class TestPhi3(LayerSuite, AttentionSuite):
-    family = "phi3"
