@@ -8,7 +8,7 @@ from transformers.models.starcoder2 import modeling_starcoder2
 
 import nnterp
 from nnterp import Layer, Mlp
-from nnterp.testing import AttentionSuite, LayerSuite, tiny_standardized
+from nnterp.testing import family_suite, tiny_standardized
 from nnterp_attention import Attention
 
 starcoder2 = types.ModuleType("nnterp_starcoder.families.starcoder2")
@@ -44,8 +44,8 @@ def registered():
     nnterp.REGISTRY.unregister(name)
 
 
-class TestStarcoder2(LayerSuite, AttentionSuite):
-    family = "starcoder2"
+class TestStarcoder2(family_suite(starcoder2)):
+    pass
 
 
 def test_the_family_is_reachable_by_name_and_listed():
