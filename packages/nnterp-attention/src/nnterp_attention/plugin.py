@@ -41,6 +41,7 @@ from .families import (
     llama4_text,
     llava,
     llava_next,
+    longcat_flash,
     megatron_bert,
     mimo_v2_flash,
     mistral,
@@ -100,6 +101,7 @@ def nnterp_families():
         gemma3n_text,
         zaya,
         cpmant,
+        longcat_flash,
         # Beam ships from transformers 5.23
         *installed_families("nnterp_attention.families.beam"),
     ]
