@@ -22,8 +22,10 @@ def test_a_suite_taken_out_of_the_assembly_leaves_nnterp_check_and_the_test_clas
 def test_a_suite_in_place_of_one_must_extend_it():
     from nnterp_attention.testing import AlibiAttentionSuite
 
-    bloom = family_suite("bloom", AlibiAttentionSuite)
-    assert AlibiAttentionSuite in bloom.__bases__ and AttentionSuite not in bloom.__bases__
+    # Doge's attention is the standard one, checked by AttentionSuite; its scores carry a bias AlibiAttentionSuite checks
+    assert AttentionSuite in suite_for(nnterp.families.doge).__bases__
+    doge = family_suite("doge", AlibiAttentionSuite)
+    assert AlibiAttentionSuite in doge.__bases__ and AttentionSuite not in doge.__bases__
     with pytest.raises(TypeError, match=r"MoeSuite extends none of the suites nnterp check runs on llama"):
         family_suite("llama", MoeSuite)
 
