@@ -1,16 +1,17 @@
 """The official plugins, installed from their distributions, honour the plugin contract together."""
 
+import importlib
 import importlib.metadata
+import pathlib
 
 import pytest
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
 import nnterp
-from nnterp.registry import KNOWN_DISTRIBUTIONS, family_name
+from nnterp.registry import MODEL_TYPES_GROUP, OFFICIAL_PLUGINS, family_name
 from nnterp.testing import tiny_config
 
-#: The distributions core sends a model type to: every official plugin.
-OFFICIAL = frozenset(KNOWN_DISTRIBUTIONS.values())
+ROOT = pathlib.Path(__file__).parents[1]
+OFFICIAL = frozenset(OFFICIAL_PLUGINS)
 
 
 def official_plugins():
@@ -31,17 +32,27 @@ def test_families_follow_the_contract(info):
         for attribute in ("MODEL_TYPES", "ENVOYS", "RENAME", "TINY_CONFIG"):
             assert hasattr(family, attribute), f"{family.__name__} has no {attribute}"
         assert getattr(nnterp.families, family_name(family)) is family
-        for model_type in family.MODEL_TYPES:
-            assert KNOWN_DISTRIBUTIONS.get(model_type) == info.distribution, (
-                f"core's KNOWN_DISTRIBUTIONS does not send {model_type!r} to {info.distribution}"
-            )
         assert tiny_config(family).model_type == family.MODEL_TYPES[0]
 
 
-def test_known_distributions_are_all_provided_when_every_plugin_is_installed():
-    if {info.distribution for info in official_plugins()} != set(OFFICIAL):
-        pytest.skip("not every official plugin is installed")
-    provided = {model_type for info in official_plugins() for f in info.families for model_type in f.MODEL_TYPES}
-    # a model of a later transformers release is known, and left out where the installed one lacks it
-    known = set(KNOWN_DISTRIBUTIONS) & set(CONFIG_MAPPING_NAMES)
-    assert known <= provided, known - provided
+def test_official_plugins_are_the_packages_of_this_repository():
+    packages = {path.name for path in (ROOT / "packages").iterdir() if (path / "pyproject.toml").exists()}
+    assert OFFICIAL == packages - {"nnterp-core"}
+
+
+@pytest.mark.parametrize("info", official_plugins(), ids=lambda info: info.name)
+def test_each_plugin_declares_in_its_metadata_the_model_types_its_families_serve(info):
+    """The metadata a broken plugin is named from (``nnterp.model_types``) is what its families declare: each type with
+    its family's module; an entry whose family is not provided is one of a model this transformers lacks."""
+    declared = {
+        entry_point.name: entry_point.value
+        for entry_point in importlib.metadata.entry_points(group=MODEL_TYPES_GROUP)
+        if entry_point.dist and entry_point.dist.name == info.distribution
+    }
+    served = {model_type: family.__name__ for family in info.families for model_type in family.MODEL_TYPES}
+    assert {model_type: declared.get(model_type) for model_type in served} == served, (
+        f'declare each model type in {info.distribution}\'s pyproject.toml, [project.entry-points."nnterp.model_types"]'
+    )
+    for model_type in declared.keys() - served.keys():
+        with pytest.raises(ModuleNotFoundError, match="transformers.models"):
+            importlib.import_module(declared[model_type])

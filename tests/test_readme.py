@@ -52,12 +52,12 @@ def test_readme_census_tables_are_what_the_census_writes():
     import transformers
 
     import nnterp
-    from nnterp.registry import KNOWN_DISTRIBUTIONS
+    from nnterp.registry import OFFICIAL_PLUGINS
 
     text = README.read_text()
     stated = re.search(r"on transformers (\S+) with every official plugin installed", text).group(1)
     installed = {info.distribution for info in nnterp.REGISTRY.plugins()}
-    if transformers.__version__ != stated or not set(KNOWN_DISTRIBUTIONS.values()) <= installed:
+    if transformers.__version__ != stated or not set(OFFICIAL_PLUGINS) <= installed:
         pytest.skip(f"the README's census is of transformers {stated} with every official plugin installed")
     block = re.search(r"<!-- nnterp coverage --markdown -->\n(.*)<!-- /nnterp coverage --markdown -->", text, re.S)
     written = subprocess.run(

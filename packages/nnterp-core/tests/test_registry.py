@@ -7,7 +7,8 @@ import pytest
 
 import nnterp
 from nnterp import StandardizedTransformer, UnknownFamily, UnknownModelType
-from nnterp.registry import KNOWN_DISTRIBUTIONS, PluginError, Registry, installed_families
+from nnterp import registry as registry_module
+from nnterp.registry import PluginError, Registry, installed_families
 
 
 class Plugin:
@@ -76,14 +77,19 @@ def test_a_model_type_given_as_a_family_names_the_family_that_serves_it():
         nnterp.REGISTRY.unregister("typing")
 
 
-def test_unknown_model_type_names_it_the_plugins_and_the_distribution(core_plugin, monkeypatch):
-    monkeypatch.setitem(KNOWN_DISTRIBUTIONS, "xlnet", "nnterp-xlnet")
+def test_unknown_model_type_names_it_the_plugins_and_the_official_plugins_not_installed(core_plugin, monkeypatch):
+    monkeypatch.setattr(
+        registry_module,
+        "OFFICIAL_PLUGINS",
+        {"nnterp-core": "the descriptor", "nnterp-xlnet": "XLNet's two-stream attention"},
+    )
     with pytest.raises(UnknownModelType) as raised:
         nnterp.REGISTRY.family_for("xlnet")
     message = str(raised.value)
     assert "model_type 'xlnet'" in message
     assert "core-tests (registered directly)" in message
-    assert "handled by nnterp-xlnet: pip install nnterp-xlnet" in message
+    assert "official plugins not installed here are nnterp-xlnet (XLNet's two-stream attention). Install" in message
+    assert raised.value.distribution is None
 
 
 def test_loading_a_model_no_plugin_handles_fails_before_loading_it():
@@ -111,6 +117,9 @@ def test_plugin_namespace_names_resolve_on_nnterp(registered):
 
 
 def test_a_plugin_that_fails_to_import_is_reported_and_the_others_work(tmp_path, monkeypatch):
+    """Two installed distributions: the working one adds a family without core knowing of it, and the broken one is
+    named, from its metadata, to a model of the type it declares."""
+    MODEL_TYPE = {"broken": "xlnet", "working": "solo"}
     (tmp_path / "broken_plugin.py").write_text("raise ImportError('needs a package that is not installed')\n")
     (tmp_path / "working_plugin.py").write_text(
         "import types, nnterp\n"
@@ -125,7 +134,9 @@ def test_a_plugin_that_fails_to_import_is_reported_and_the_others_work(tmp_path,
         info = tmp_path / f"nnterp_{name}-1.0.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nnterp-{name}\nVersion: 1.0\n")
-        (info / "entry_points.txt").write_text(f"[nnterp]\n{name} = {module}\n")
+        (info / "entry_points.txt").write_text(
+            f"[nnterp]\n{name} = {module}\n[nnterp.model_types]\n{MODEL_TYPE[name]} = {module}.families.{MODEL_TYPE[name]}\n"
+        )
     monkeypatch.syspath_prepend(str(tmp_path))
     registry = Registry()
     with warnings.catch_warnings(record=True) as caught:
@@ -136,6 +147,12 @@ def test_a_plugin_that_fails_to_import_is_reported_and_the_others_work(tmp_path,
     assert "ImportError: needs a package that is not installed" in failure.error
     assert any("'broken' (distribution nnterp-broken) failed to import" in str(w.message) for w in caught)
     assert registry.family_for("solo").MODEL_TYPES == ("solo",)
+    # the broken distribution's metadata names it for its model type, though its plugin never imported
+    with pytest.raises(
+        UnknownModelType, match=r"nnterp-broken declares it .*'broken' failed .*needs a package"
+    ) as raised:
+        registry.family_for("xlnet")
+    assert raised.value.distribution == "nnterp-broken"
     sys.modules.pop("working_plugin", None)
 
 

@@ -161,7 +161,7 @@ def tiny_config_of(model_type: str) -> Any:
 def why_not(error: UnknownModelType, config: Any) -> str:
     """Why a model type is not served, in one census line, from the registry's error and its tiny ``config``."""
     if error.distribution is not None:
-        return f"its family is in {error.distribution}, which is not installed"
+        return f"its family is in {error.distribution}, whose plugin did not provide it"
     if error.reasons:
         # one line, as the census prints it: an import error's message spans several (timm's, for Gemma-3n's tower)
         return " ".join("; ".join(error.reasons).split())

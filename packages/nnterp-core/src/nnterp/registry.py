@@ -25,107 +25,41 @@ from .family import FamilyError, declared
 
 ENTRY_POINT_GROUP = "nnterp"
 
-#: The distribution that handles a model_type, for the error raised when none installed does.
-KNOWN_DISTRIBUTIONS = {
-    **dict.fromkeys(
-        (
-            "llama",
-            "mistral",
-            "qwen2",
-            "qwen3",
-            "gemma2",
-            "gemma3_text",
-            "olmo2",
-            "phi3",
-            "gpt2",
-            "gpt_neox",
-            "bloom",
-            "mpt",
-            "falcon",
-            "mixtral",
-            "qwen2_moe",
-            "qwen3_moe",
-            "olmoe",
-            "deepseek_v3",
-            "deepseek_v4",
-            "mimo_v2_flash",
-            "granitemoe",
-            "hy_v4",
-            "gpt_oss",
-            "dbrx",
-            "llama4_text",
-            "gemma4_text",
-            "gemma4",
-            "gemma4_unified",
-            "gemma4_unified_text",
-            "bert",
-            "bert-generation",
-            "camembert",
-            "data2vec-text",
-            "electra",
-            "ernie",
-            "roberta",
-            "roc_bert",
-            "xlm-roberta",
-            "big_bird",
-            "git",
-            "rembert",
-            "megatron-bert",
-            "roberta-prelayernorm",
-            "xlm-roberta-xl",
-            "roformer",
-            "llava",
-            "llava_next",
-            "gemma3",
-            "mistral3",
-            "llama4",
-            "qwen2_vl",
-            "qwen2_vl_text",
-            "qwen2_5_vl",
-            "qwen2_5_vl_text",
-            "qwen3_vl",
-            "qwen3_vl_text",
-            "opt",
-            "gpt_neo",
-            "openai-gpt",
-            "doge",
-            "gpt_neox_japanese",
-            "modernbert-decoder",
-            "xmod",
-            "gemma3n_text",
-            "zaya",
-            "cpmant",
-            "beam",
-            "longcat_flash",
-        ),
-        "nnterp-attention",
-    ),
-    **dict.fromkeys(
-        (
-            "qwen3_next",
-            "qwen3_5",
-            "qwen3_5_text",
-            "qwen3_5_moe",
-            "qwen3_5_moe_text",
-            "olmo_hybrid",
-            "kimi_linear",
-            "bailing_hybrid",
-            "glm5_next",
-            "glm5_next_text",
-            "lara_mini",
-            "qwen4_exp",
-            "qwen4_exp_text",
-        ),
-        "nnterp-deltanet",
-    ),
-    **dict.fromkeys(("mamba", "falcon_mamba", "jamba", "zamba"), "nnterp-mamba"),
-    **dict.fromkeys(("mamba2", "nemotron_h", "bamba", "falcon_h1", "zamba2", "granitemoehybrid"), "nnterp-ssd"),
-    "rwkv": "nnterp-rwkv",
-    "recurrent_gemma": "nnterp-rglru",
-    "xlstm": "nnterp-xlstm",
-    **dict.fromkeys(("lfm2", "lfm2_moe", "lfm3"), "nnterp-shortconv"),
-    "minimax": "nnterp-lightning",
+#: The entry-point group in which a plugin's distribution names each model type it serves (``model_type =
+#: "package.families.family"``). It is read from the installed metadata without importing the plugin, so a model
+#: whose plugin failed to import is told which distribution that is.
+MODEL_TYPES_GROUP = "nnterp.model_types"
+
+#: The official plugins and what each serves, named when no installed distribution serves a model type. A new
+#: family is declared in its plugin's metadata; only a new plugin distribution is added here.
+OFFICIAL_PLUGINS = {
+    "nnterp-attention": "attention transformers, their mixtures of experts and vision-language models",
+    "nnterp-deltanet": "gated DeltaNet hybrids: Qwen3-Next, Qwen3.5, OLMo-Hybrid, Kimi-Linear",
+    "nnterp-mamba": "Mamba-1: Mamba, Falcon-Mamba, Jamba, Zamba",
+    "nnterp-ssd": "Mamba-2: Mamba-2, Nemotron-H, Bamba, Falcon-H1, Zamba2, Granite-4",
+    "nnterp-rwkv": "RWKV",
+    "nnterp-rglru": "RG-LRU: RecurrentGemma",
+    "nnterp-xlstm": "mLSTM: xLSTM",
+    "nnterp-shortconv": "short convolutions: LFM2",
+    "nnterp-lightning": "lightning attention: MiniMax",
 }
+
+
+def declared_model_types() -> dict[str, tuple[str | None, str]]:
+    """Every model type an installed distribution declares in :data:`MODEL_TYPES_GROUP`: its distribution and family module."""
+    return {
+        entry_point.name: (entry_point.dist.name if entry_point.dist else None, entry_point.value)
+        for entry_point in importlib.metadata.entry_points(group=MODEL_TYPES_GROUP)
+    }
+
+
+def installed(distribution: str) -> bool:
+    """Whether ``distribution`` is installed."""
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 #: Each hook, and what a plugin that does not implement it provides.
@@ -143,8 +77,10 @@ class PluginError(RuntimeError):
 class UnknownModelType(PluginError):
     """No installed plugin handles a model's ``model_type``.
 
-    ``distribution`` is the distribution known to handle it, if any;
-    ``reasons`` what each plugin that builds generic families found instead.
+    ``distribution`` is the installed distribution that declares the type
+    (:data:`MODEL_TYPES_GROUP`) but whose plugin did not provide its family,
+    if any; ``reasons`` what each plugin that builds generic families found
+    instead.
     """
 
     def __init__(self, message: str, distribution: str | None = None, reasons: tuple[str, ...] = ()) -> None:
@@ -366,7 +302,8 @@ class Registry:
         if model_type in by_model_type:
             return by_model_type[model_type]
         reasons = []
-        if config is not None and model_type not in KNOWN_DISTRIBUTIONS:
+        declared_by = declared_model_types().get(model_type, (None, None))[0]
+        if config is not None and declared_by is None:
             for implementation in self._implementations("nnterp_generic_family"):
                 try:
                     answer = implementation.function(config=config)
@@ -390,7 +327,7 @@ class Registry:
             + self._hint(model_type)
             + found
             + fix,
-            KNOWN_DISTRIBUTIONS.get(model_type),
+            declared_by,
             tuple(reasons),
         )
 
@@ -400,12 +337,28 @@ class Registry:
         return [implementation.plugin_name for implementation in self._implementations("nnterp_generic_family")]
 
     def _hint(self, model_type: str) -> str:
-        distribution = KNOWN_DISTRIBUTIONS.get(model_type)
-        hint = f". It is handled by {distribution}: pip install {distribution}" if distribution else ""
-        failed = [failure for failure in self.failures if distribution and failure.distribution == distribution]
-        for failure in failed:
-            hint += f" (its plugin {failure.name!r} is installed but failed to import: {failure.error})"
-        return hint
+        """Where a family for ``model_type`` is: the installed distribution that declares it, or the official plugins
+        not installed."""
+        distribution, module = declared_model_types().get(model_type, (None, None))
+        if distribution is None:
+            absent = [f"{name} ({serves})" for name, serves in OFFICIAL_PLUGINS.items() if not installed(name)]
+            if not absent:
+                return ""
+            return (
+                f". No installed distribution declares it; the official plugins not installed here are "
+                f"{'; '.join(absent)}. Install the one that serves the model's blocks: pip install <distribution>"
+            )
+        failed = [failure for failure in self.failures if failure.distribution == distribution]
+        if failed:
+            return "".join(
+                f". {distribution} declares it (family {module}), but its plugin {failure.name!r} failed and is "
+                f"skipped: {failure.error}. Fix that error, or reinstall {distribution}"
+                for failure in failed
+            )
+        return (
+            f". {distribution} declares it (family {module}), but its plugin did not provide that family: the "
+            f"installed transformers lacks the model, or {distribution}'s installed metadata is stale (reinstall it)"
+        )
 
     def namespace(self) -> dict[str, Any]:
         """The names plugins add to ``nnterp``."""
