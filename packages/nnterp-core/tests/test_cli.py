@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import types
+import unittest
 
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -75,6 +76,50 @@ def test_check_fails_a_family_whose_values_break_the_identity(core_plugin, witho
     assert code == 1
     assert "broken_olmo FAILED" in text
     assert "test_contributions_add_up_to_layer_output" in text
+
+
+class ToySuite:
+    """A suite as the conformance suites are written: pytest's style, run by nnterp check through unittest."""
+
+    torn_down = False
+
+    @classmethod
+    def setup_class(cls):
+        cls.value = 1
+
+    @classmethod
+    def teardown_class(cls):
+        ToySuite.torn_down = True
+
+    def test_reads_what_setup_class_made(self):
+        assert self.value == 1
+
+    def test_a_failing_check(self):
+        assert self.value == 2, "value is not 2"
+
+    def test_a_check_this_model_cannot_make(self):
+        raise unittest.SkipTest("not on this model")
+
+
+class UnbuildableSuite:
+    @classmethod
+    def setup_class(cls):
+        raise RuntimeError("the tiny model cannot be built")
+
+    def test_never_runs(self):
+        pass
+
+
+def test_check_runs_a_suite_with_unittest_counting_and_naming_what_failed():
+    result = cli.run_suite(ToySuite, io.StringIO(), "toy")
+    assert (result.passed, len(result.skipped)) == (1, 1)
+    ((test, error),) = result.problems
+    assert test == "test_a_failing_check" and "value is not 2" in error
+    assert ToySuite.torn_down
+    result = cli.run_suite(UnbuildableSuite, io.StringIO(), "unbuildable")
+    assert result.passed == 0
+    ((test, error),) = result.problems
+    assert test == "setup_class" and "the tiny model cannot be built" in error
 
 
 def test_check_of_an_unknown_family_exits_2_naming_it(core_plugin, capsys):

@@ -22,17 +22,16 @@ import sys
 import traceback
 import unittest
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
+
+from tqdm import tqdm
 
 from . import compatibility
 from .components.declaration import forward_changes
 from .family import declared
 from .registry import REGISTRY, PluginError, family_name
-
-BAR_WIDTH = 20
 
 
 def plugins(out: TextIO) -> int:
@@ -102,46 +101,50 @@ def support(out: TextIO, model_id: str | None) -> int:
     return 0
 
 
-def run_suite(suite: type, progress: Callable[[int, int], None]) -> tuple[int, int, list[tuple[str, str]]]:
-    """Run every ``test_*`` of a suite class as pytest would, between its setup_class and teardown_class.
-
-    Returns (passed, skipped, [(test, error)]).
-    """
-    tests = sorted(name for name in dir(suite) if name.startswith("test_"))
-    passed, skipped, failures = 0, 0, []
-    try:
-        suite.setup_class()
-    except Exception:
-        return 0, 0, [("setup_class", traceback.format_exc(limit=-3))]
-    try:
-        instance = suite()
-        for index, name in enumerate(tests):
-            try:
-                getattr(instance, name)()
-            except unittest.SkipTest:
-                skipped += 1
-            except Exception:
-                failures.append((name, traceback.format_exc(limit=-3)))
-            else:
-                passed += 1
-            progress(index + 1, len(tests))
-    finally:
-        teardown = getattr(suite, "teardown_class", None)
-        if teardown is not None:
-            teardown()
-    return passed, skipped, failures
+#: unittest's names for a suite's class fixtures, as the suites spell them.
+CLASS_FIXTURES = {"setUpClass": "setup_class", "tearDownClass": "teardown_class"}
 
 
-def progress_bar(out: TextIO, label: str) -> Callable[[int, int], None]:
-    """A bar redrawn in place after each test, on a terminal; nothing when the output is a file."""
+class CountingResult(unittest.TestResult):
+    """unittest's result for one family's suite, advancing a progress bar after each test."""
 
-    def progress(done: int, total: int) -> None:
-        if out.isatty():
-            filled = BAR_WIDTH * done // total
-            out.write(f"\r{label} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}")
-            out.flush()
+    def __init__(self, bar: tqdm) -> None:
+        super().__init__()
+        self.bar = bar
+        self.passed = 0
 
-    return progress
+    def addSuccess(self, test: unittest.TestCase) -> None:
+        super().addSuccess(test)
+        self.passed += 1
+
+    def stopTest(self, test: unittest.TestCase) -> None:
+        super().stopTest(test)
+        self.bar.update()
+
+    @property
+    def problems(self) -> list[tuple[str, str]]:
+        """Each failure and error as (test, traceback); a class fixture that raised is one, named as the suite
+        spells it (``setup_class``)."""
+        return [
+            (
+                test._testMethodName
+                if isinstance(test, unittest.TestCase)
+                else CLASS_FIXTURES.get(test.description.split()[0], test.description),
+                error,
+            )
+            for test, error in self.errors + self.failures
+        ]
+
+
+def run_suite(suite: type, out: TextIO, label: str) -> CountingResult:
+    """Run a suite class with unittest, a tqdm bar on ``out`` while it runs when ``out`` is a terminal."""
+    from .testing.assembly import as_test_case
+
+    tests = unittest.defaultTestLoader.loadTestsFromTestCase(as_test_case(suite))
+    with tqdm(total=tests.countTestCases(), desc=label, file=out, disable=not out.isatty(), leave=False) as bar:
+        result = CountingResult(bar)
+        tests.run(result)
+    return result
 
 
 def check(out: TextIO, names: list[str], as_json: bool = False) -> int:
@@ -195,10 +198,10 @@ def check_families(out: TextIO, families: list[ModuleType], results: list[dict[s
             except Exception:
                 passed, skipped, failures = 0, 0, [("assembling the suites", traceback.format_exc(limit=-3))]
             else:
-                passed, skipped, failures = run_suite(suite, progress_bar(out, label))
+                result = run_suite(suite, out, label)
+                passed, skipped, failures = result.passed, len(result.skipped), result.problems
         verdict = "ok" if not failures else "FAILED"
-        erase = "\r" + " " * (len(label) + BAR_WIDTH + 12) + "\r" if out.isatty() else ""
-        out.write(f"{erase}{label} {verdict}: {passed} passed, {len(failures)} failed, {skipped} skipped\n")
+        out.write(f"{label} {verdict}: {passed} passed, {len(failures)} failed, {skipped} skipped\n")
         for test, error in failures:
             out.write(f"  {test}:\n    " + error.strip().replace("\n", "\n    ") + "\n")
         failed = failed or bool(failures)

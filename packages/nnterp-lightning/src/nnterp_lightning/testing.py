@@ -24,7 +24,6 @@ import unittest
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import torch
 
 from nnterp.analysis.knockout import knock_out, knockout
@@ -34,7 +33,7 @@ from nnterp.testing import PROMPT, LayerSuite, check_patch_state_joins_the_promp
 from nnterp.testing.forward_change import ForwardChangeSuite, _Renamed
 from nnterp.testing.mixing import TokenMixingSuite
 from nnterp.testing.order import TraceOrderSuite
-from nnterp.testing.suites import BATCH, Suite
+from nnterp.testing.suites import BATCH, Suite, raises
 
 from .block import residual_factors
 from .lightning_attention import BLOCK_OUTPUT, BLOCK_STATE, LightningAttention
@@ -317,18 +316,18 @@ class LightningAttentionSuite(TokenMixingSuite, TraceOrderSuite, ForwardChangeSu
 
     def test_wrong_writes_and_late_writes_are_refused(self) -> None:
         mixer = self.mixer(self.recurrent_layers()[0])
-        with pytest.raises(ValueError, match="state_input"):
+        with raises(ValueError, "state_input"):
             with self.model.trace(PROMPT):
                 mixer.state_input = torch.zeros(1, mixer.mixer_heads, mixer.key_dim, mixer.value_dim)
-        with pytest.raises(ValueError, match=r"set_state_after\(2\)"):
+        with raises(ValueError, r"set_state_after\(2\)"):
             with self.model.trace(PROMPT):
                 mixer.set_state_after(2, torch.zeros(1, 3))
-        with pytest.raises(OrderError, match=r"set_state_after\(2\)"):
+        with raises(OrderError, r"set_state_after\(2\)"):
             with self.model.trace(PROMPT):
                 mixer.attention_head_outputs.save()
                 mixer.set_state_after(2, torch.zeros(1, mixer.mixer_heads, mixer.key_dim, mixer.value_dim))
         block = mixer._module.block_size
-        with pytest.raises(OrderError, match="increasing blocks"):
+        with raises(OrderError, "increasing blocks"):
             with self.model.trace(PROMPT):
                 zero = torch.zeros(1, mixer.mixer_heads, mixer.key_dim, mixer.value_dim)
                 mixer.set_state_after(block + 1, zero)

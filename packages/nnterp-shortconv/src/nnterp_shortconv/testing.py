@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-import pytest
 import torch
 
 from nnterp.analysis import knock_out, patch_state
@@ -28,6 +27,7 @@ from nnterp.order import OrderError
 from nnterp.testing import PROMPT, blocks_with, close
 from nnterp.testing.mixing import TokenMixingSuite
 from nnterp.testing.order import TraceOrderSuite
+from nnterp.testing.suites import raises
 
 ATOL = 1e-5
 #: A left-padded batch: the shorter prompt's pads reach the conv as zeros.
@@ -251,18 +251,18 @@ class ShortConvSuite(TokenMixingSuite, TraceOrderSuite):
     def test_wrong_writes_and_late_reads_raise_before_the_model_runs_on(self) -> None:
         layer = self.conv_layers()[0]
         mixer = self.mixer(layer)
-        with pytest.raises(ValueError, match="conv_window"):
+        with raises(ValueError, "conv_window"):
             with self.model.trace(PROMPT):
                 mixer.set_state_after(1, torch.zeros(1, mixer.channels + 1, mixer.conv_window))
-        with pytest.raises(OrderError, match="attention_keys"):
+        with raises(OrderError, "attention_keys"):
             with self.model.trace(PROMPT):
                 mixer.attention_head_outputs.save()
                 mixer.attention_keys.save()
-        with pytest.raises(OrderError, match="set_state_after"):
+        with raises(OrderError, "set_state_after"):
             with self.model.trace(PROMPT):
                 mixer.attention_head_outputs.save()
                 mixer.set_state_after(1, torch.zeros(1, mixer.channels, mixer.conv_window))
-        with pytest.raises(ValueError, match="state_input"):
+        with raises(ValueError, "state_input"):
             with self.model.trace(PROMPT):
                 mixer.state_input = torch.zeros(1, mixer.channels, mixer.conv_window)
 

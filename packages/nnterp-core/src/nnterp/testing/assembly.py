@@ -8,6 +8,7 @@ that a hand-assembled test class runs exactly these.
 
 from __future__ import annotations
 
+import unittest
 from pathlib import Path
 from types import ModuleType
 
@@ -88,3 +89,17 @@ def family_test_classes(test_module: str, plugin: str) -> dict[str, type]:
             title = "Test" + "".join(part.title() for part in name.split("_"))
             classes[title] = type(title, (family_suite(family),), {"__module__": Path(test_module).stem})
     return classes
+
+
+def as_test_case(suite: type) -> type[unittest.TestCase]:
+    """A suite class (pytest's style: ``setup_class``, ``test_*`` methods) as a ``unittest.TestCase``.
+
+    For ``nnterp check``, which runs without pytest: unittest's loader and
+    runner then collect, run, skip (``unittest.SkipTest``) and report it as
+    pytest does the class, its ``setup_class`` and ``teardown_class`` as the
+    class fixtures.
+    """
+    fixtures = {"setUpClass": classmethod(lambda cls: cls.setup_class())}
+    if hasattr(suite, "teardown_class"):
+        fixtures["tearDownClass"] = classmethod(lambda cls: cls.teardown_class())
+    return type(suite.__name__, (suite, unittest.TestCase), {**fixtures, "__module__": suite.__module__})

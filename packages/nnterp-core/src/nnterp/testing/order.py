@@ -62,7 +62,7 @@ class TraceOrderSuite(Suite):
             support = self.model.layers[self.order_layer()].linear_attn.support()
         return [name for name in TAUGHT_ORDER if name in support and support[name] is None]
 
-    def run(self, operations: list[tuple[str, bool]], decode: bool) -> list[list[Any]]:
+    def run_operations(self, operations: list[tuple[str, bool]], decode: bool) -> list[list[Any]]:
         """Each step's results of ``operations`` (value name, whether to write it) on the mixer, in that order.
 
         A write assigns the value halved and yields nothing; a read yields
@@ -125,7 +125,7 @@ class TraceOrderSuite(Suite):
             kind = "decode steps" if decode else "prompt"
             label = f"{'write' if first[1] else 'read'} {first[0]} then read {second[0]} ({kind})"
             try:
-                steps = self.run([first, second], decode)
+                steps = self.run_operations([first, second], decode)
             except OrderError as error:
                 if self.must_work(first, second, decode):
                     failures.append(f"{label}: an order the contract promises raised {error}")
@@ -139,7 +139,7 @@ class TraceOrderSuite(Suite):
                 failures.append(f"{label}: the trace ended early ({[len(step) for step in steps]} saves per step)")
                 continue
             ordered = sorted([first, second], key=lambda operation: rank[operation[0]])
-            reference = self.run(ordered, decode) if ordered != [first, second] else steps
+            reference = self.run_operations(ordered, decode) if ordered != [first, second] else steps
             for step, (got, want) in enumerate(zip(steps, reference, strict=True)):
                 mine = dict(zip([op for op in (first, second) if not op[1]], got, strict=True))
                 theirs = dict(zip([op for op in ordered if not op[1]], want, strict=True))
@@ -173,7 +173,7 @@ class TraceOrderSuite(Suite):
         """All values in the taught order, in one trace: every one served on the prompt and on each decode step."""
         values = self.served_values()
         for decode in (False, True):
-            steps = self.run([(name, False) for name in values], decode)
+            steps = self.run_operations([(name, False) for name in values], decode)
             assert len(steps) == (DECODE_STEPS if decode else 1)
             assert all(len(step) == len(values) for step in steps), f"decode={decode}: saves missing"
 
@@ -212,8 +212,8 @@ class TraceOrderSuite(Suite):
                 if write == "state_output":  # what the cache receives: this call's output is already computed
                     self.check_state_output_reaches_the_next_step(1 if decode else 0)
                     continue
-                clean = self.run(reads, decode)
-                written = self.run([(write, True), *reads], decode)
+                clean = self.run_operations(reads, decode)
+                written = self.run_operations([(write, True), *reads], decode)
                 changed = [
                     name
                     for got_step, want_step in zip(written, clean, strict=True)
