@@ -5,9 +5,9 @@ import torch
 from nnsight.intervention.source import SourceNotAvailable
 
 from nnterp import DerivedEProperty, EProperty, Layer, Unavailable, axis_size, unavailable
-from nnterp.descriptor import BoundArgument
 from nnterp.layouts import HIDDEN, Residual
 from nnterp.testing import PROMPT, close
+from nnterp.value_paths import BoundArgument
 
 
 def forward_calls(module):

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import torch
 
 from nnterp import EProperty
-from nnterp.descriptor import ArgumentSelection
 from nnterp.layouts import Pattern
+from nnterp.value_paths import ArgumentSelection
 
 from .attention import Attention, _inside_interface, interface_reason
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import compatibility, families, layouts  # compatibility first: it warns on an unverified transformers
+from .availability import Unavailable
 from .census import Coverage, coverage
 from .compatibility import UnverifiedTransformersWarning
 from .components.call_site import needs_torch_kernels
@@ -30,7 +31,7 @@ from .components.routing import route_kernels
 from .components.standard import Standard, Sublayer, axis_size, blocks_support, contribution
 from .components.streams import HyperConnectionLayer, ManyStreams
 from .components.vision import ImageScatter, PatchRows, Vision, VisionLayer, VisionMlp, image_token_id
-from .descriptor import DerivedEProperty, EProperty, TokenEProperty, Unavailable, unavailable
+from .descriptor import DerivedEProperty, EProperty, TokenEProperty, unavailable
 from .hookspecs import hookimpl, hookspec
 from .layouts import *  # noqa: F403
 from .order import OrderError

@@ -26,95 +26,37 @@ whose place depends on the call (a recurrent mixer's kernel).
 A value a checkpoint does not have says so: ``unavailable=`` is a reason, or a
 function of the envoy returning one (or ``None``), and any read or write then
 raises :class:`Unavailable` with it before the model runs.
+
+The descriptor reads and writes through nnsight's interleaver; the rest of a
+value's machinery each has its module: where a path leads and which element of
+a call it serves (:mod:`.value_paths`), why a value cannot be served
+(:mod:`.availability`), the check of every write against the value's layout
+(:mod:`.layout_checks`), the piece of a value a tensor-parallel rank holds
+(:mod:`.tensor_parallel`), and what the host envoy answers (:mod:`.value_host`).
 """
 
 from __future__ import annotations
 
-import inspect
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from nnsight.intervention.envoy import Envoy
 from nnsight.intervention.eproperty import WriteBack, eproperty
 from nnsight.intervention.interleaver import Mediator, OutOfOrderError
-from nnsight.intervention.source import SourceNotAvailable
-from nnsight.intervention.util import first_input, replace_first_input
 
 from . import layouts
+from .availability import Unavailable, inside_trace
+from .layout_checks import check_layout
 from .order import OrderError, passed, standard_path
-from .tensor_parallel import POSITION_AXES, Fragment, SplitValueError, fragment, sliced_reason
+from .tensor_parallel import sliced_reason, value_fragment
 from .value_host import ValueHost
+from .value_paths import ARGUMENT_ATTRIBUTES, ArgumentSelection, pick, place, resolve
 
 Reason = "str | Callable[[Envoy], str | None] | None"
 Select = "int | str | ArgumentSelection | Callable[[Envoy], int | str | ArgumentSelection | None] | None"
-
-#: The attributes a path may end in that serve a call's ``(args, kwargs)``;
-#: ``input`` selects the first argument unless ``select`` names another.
-ARGUMENT_ATTRIBUTES = ("inputs", "input")
-
-
-class ArgumentSelection:
-    """An element of a call's ``(args, kwargs)`` that finds itself there: what ``select`` returns for an argument
-    that is not at one fixed position or keyword.
-
-    It is decided when the value is read, and its ``place`` is what an edited
-    view's write-back uses later, when the worker may have moved on to another
-    step: so it holds everything it needs, and asks the envoy nothing.
-    """
-
-    def pick(self, arguments: tuple[tuple, dict]) -> Any:
-        """The element in the call's ``(args, kwargs)``."""
-        raise NotImplementedError
-
-    def place(self, arguments: tuple[tuple, dict], value: Any) -> tuple[tuple, dict]:
-        """The call's ``(args, kwargs)`` with ``value`` as the element."""
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class BoundArgument(ArgumentSelection):
-    """An argument of a call found by the called function's signature, by position or keyword alike.
-
-    For calls whose arguments move between versions of the caller: the
-    element is the parameter ``name`` of ``signature``, what the call passed
-    for it or the parameter's default, and an assignment rebuilds the call's
-    ``(args, kwargs)`` through the bound arguments.
-    """
-
-    signature: inspect.Signature
-    name: str
-
-    def pick(self, arguments: tuple[tuple, dict]) -> Any:
-        """The argument ``name`` of the call ``(args, kwargs)``: as passed, else its default; ``None`` if it has neither."""
-        bound = self.signature.bind(*arguments[0], **arguments[1])
-        if self.name in bound.arguments:
-            return bound.arguments[self.name]
-        parameter = self.signature.parameters.get(self.name)
-        if parameter is None:
-            # passed through the function's **kwargs, if at all
-            return bound.kwargs.get(self.name)
-        return None if parameter.default is inspect.Parameter.empty else parameter.default
-
-    def place(self, arguments: tuple[tuple, dict], value: Any) -> tuple[tuple, dict]:
-        """The call's ``(args, kwargs)`` with ``value`` passed for ``name``; a function without that parameter raises."""
-        if self.name not in self.signature.parameters:
-            raise TypeError(f"the called function has no parameter {self.name!r} ({self.signature})")
-        bound = self.signature.bind(*arguments[0], **arguments[1])
-        bound.arguments[self.name] = value
-        return bound.args, bound.kwargs
-
-
-class Unavailable(RuntimeError):
-    """A standard value this model does not have, and why.
-
-    Raised on access, before anything runs, so a wrong assumption fails at the
-    line that makes it. ``StandardizedTransformer.support`` reports the same
-    reasons without raising.
-    """
 
 
 def _rebuilt(kind: type, doc: str | None) -> "EProperty":
@@ -217,7 +159,7 @@ class EProperty(eproperty):
         split by tensor parallelism, a value without a layout, whose rank's
         piece could not be told from the whole (``nnterp.tensor_parallel``).
         """
-        whole = type(obj).absent(obj)
+        whole = obj.absent()
         if whole is not None:
             return whole
         own = self.unavailable(obj) if callable(self.unavailable) else self.unavailable
@@ -294,9 +236,9 @@ class EProperty(eproperty):
             return self
         self._check(obj)
         with self.in_order(obj):
-            check_order(obj, self.name)
+            obj.check_order(self.name)
             value = self._read(obj)
-        record_order(obj, self.name)
+        obj.record_order(self.name)
         return value
 
     def _read(self, obj: Envoy) -> Any:
@@ -307,7 +249,7 @@ class EProperty(eproperty):
         already pinned to another step, where a key function would answer for
         that step.
         """
-        if spans_calls(obj, self):
+        if obj.spans_calls(self):
             return obj.read_across_calls(self)
         location = self._location(obj)
         self._check_ahead(obj, location)
@@ -319,7 +261,7 @@ class EProperty(eproperty):
         raw = Mediator.value(location)
         attribute, element = self._attribute(obj), self._element(obj)
         value = self._define(obj, self._rows(obj, pick(attribute, element, raw)))
-        split = self._fragment(obj, location, value)
+        split = value_fragment(self, obj, location, value)
         if split is not None:
             whole = split.whole(value)
             version = whole._version
@@ -349,22 +291,22 @@ class EProperty(eproperty):
         """Check ``value`` against the value's layout at its place, then put it there; the model changes only if it fits."""
         self._check(obj)
         with self.in_order(obj):
-            check_order(obj, self.name)
-            if spans_calls(obj, self):
+            obj.check_order(self.name)
+            if obj.spans_calls(self):
                 obj.write_across_calls(self)
             location = self._location(obj)
             self._check_ahead(obj, location)
             raw = Mediator.value(location)
             current = self._serve(obj, raw)
-            split = self._fragment(obj, location, current)
+            split = value_fragment(self, obj, location, current)
             if split is None:
-                self.check_layout(obj, current, value)
+                check_layout(self, obj, current, value)
             else:
-                self.check_layout(obj, current.new_empty(split.whole_shape(current), device="meta"), value)
+                check_layout(self, obj, current.new_empty(split.whole_shape(current), device="meta"), value)
                 value = split.piece(value)
             if self.shared and split is None and isinstance(current, torch.Tensor):
                 current.copy_(value)
-                record_order(obj, self.name, written=True)
+                obj.record_order(self.name, written=True)
                 return
             if self._postprocess is not None:
                 value = self._postprocess(obj, value)
@@ -372,8 +314,8 @@ class EProperty(eproperty):
             if self._in_container(obj):
                 value = self._place(obj, raw, value)
             Mediator.swap(location, value)
-        record_order(obj, self.name, written=True)
-        type(obj).replaced(obj, location, value)
+        obj.record_order(self.name, written=True)
+        obj.replaced(location, value)
 
     @contextmanager
     def in_order(self, obj: Envoy) -> Iterator[None]:
@@ -394,83 +336,13 @@ class EProperty(eproperty):
 
     def order_message(self, obj: Envoy, detail: str = "") -> str:
         """What an out-of-order request for this value says: the value, the forward's order, the fix."""
-        order = type(obj).order_hint(obj, self.name)
+        order = obj.order_hint(self.name)
         return f"{self.name} on {standard_path(obj)} was asked for after the forward produced it{detail}; {order}"
-
-    def _fragment(self, obj: Envoy, location: str, local: Any) -> Fragment | None:
-        """How the ranks of a model split by tensor parallelism hold ``local``, this value's piece on this rank.
-
-        ``None`` when the value is whole (always, on a model that is not split).
-        """
-        try:
-            return fragment(obj.root, location, local, lambda: self._model_sizes(obj, local))
-        except SplitValueError as error:
-            raise Unavailable(
-                f"{self.name} on {standard_path(obj)}: {error}; read it on a model loaded without distributed_config"
-            ) from None
-
-    def _model_sizes(self, obj: Envoy, local: torch.Tensor) -> tuple[int | None, ...]:
-        """The value's axis sizes in the model, ``None`` for the positions of the input (and axes no envoy sizes)."""
-        from .components.standard import axis_size
-
-        dims = self.dims or ()
-        if len(dims) != local.dim():
-            raise SplitValueError(f"its layout has {len(dims)} axes and the model's tensor {local.dim()}")
-
-        def size(axis: str) -> int | None:
-            if axis in POSITION_AXES:
-                return None
-            try:
-                return axis_size(obj, axis)
-            except ValueError:
-                return None
-
-        return tuple(size(axis) for axis in dims)
 
     def _check_ahead(self, obj: Envoy, location: str) -> None:
         reached = passed(location)
         if reached is not None:
             raise OrderError(self.order_message(obj, f" (its place has been reached {reached} time(s) in this run)"))
-
-    def check_layout(self, obj: Envoy, current: Any, value: Any) -> None:
-        """Raise ``ValueError`` unless ``value`` has the shape and kind of number of ``current``, the value it replaces.
-
-        Where there is no current tensor (a state a fresh prompt does not
-        start from), the layout's model axes are checked instead.
-        """
-        if isinstance(current, torch.Tensor):
-            expected: tuple[int | None, ...] | None = tuple(current.shape)
-            kind = number_kind(current)
-        else:
-            expected, kind = self._layout_shape(obj), "floating point"
-            if current is not None or expected is None or value is None:
-                return
-        where = f"{self.name} on {standard_path(obj)}"
-        spelled = "(" + ", ".join("*" if size is None else str(size) for size in expected) + ")"
-        axes = f" [{', '.join(self.dims)}]" if self.dims and len(self.dims) == len(expected) else ""
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(f"{where}: assign a tensor of shape {spelled}{axes}, not a {type(value).__name__}")
-        fits = len(value.shape) == len(expected) and all(
-            size is None or size == given for size, given in zip(expected, value.shape, strict=True)
-        )
-        if not fits:
-            raise ValueError(
-                f"{where}: expected a tensor of shape {spelled}{axes}, got {tuple(value.shape)}; nothing was "
-                f"written (to broadcast, expand it first: value.expand({spelled.strip('()')}))"
-            )
-        if number_kind(value) != kind:
-            raise ValueError(f"{where}: expected {kind} numbers, got a {value.dtype} tensor; nothing was written")
-
-    def _layout_shape(self, obj: Envoy) -> tuple[int | None, ...] | None:
-        """The layout's shape on ``obj``: each model axis's size, ``None`` for the input's (batch, seq, images, ...)."""
-        from .components.standard import axis_size
-
-        if self.dims is None:
-            return None
-        try:
-            return tuple(None if axis in layouts.INPUT_AXES else axis_size(obj, axis) for axis in self.dims)
-        except ValueError:
-            return None
 
     def _location(self, obj: Envoy) -> str:
         target, attribute = resolve(obj, self.key_for(obj))
@@ -591,81 +463,6 @@ def invoke_rows(what: str) -> tuple[int, int, int]:
     return batcher.total, start, size
 
 
-def pick(attribute: str, element: int | str | ArgumentSelection | None, raw: Any) -> Any:
-    """The element of a served container a value is: one argument of ``(args, kwargs)``, one item of a tuple output."""
-    if attribute in ARGUMENT_ATTRIBUTES:
-        if isinstance(element, ArgumentSelection):
-            return element.pick(raw)
-        if element is None:
-            return first_input(*raw) if attribute == "input" else raw
-        args, kwargs = raw
-        if isinstance(element, str):
-            return kwargs[element]
-        return args[element]
-    if attribute == "output":
-        if isinstance(raw, tuple):
-            return raw[0 if element is None else element]
-        if isinstance(element, str):
-            return raw[element]
-        return raw
-    return raw
-
-
-def place(attribute: str, element: int | str | ArgumentSelection | None, raw: Any, value: Any) -> Any:
-    """``raw`` with ``value`` put where :func:`pick` found the element."""
-    if attribute in ARGUMENT_ATTRIBUTES and isinstance(element, ArgumentSelection):
-        return element.place(raw, value)
-    if attribute == "input" and element is None:
-        return replace_first_input(*raw, value)
-    if attribute in ARGUMENT_ATTRIBUTES and element is not None:
-        args, kwargs = raw
-        if isinstance(element, str):
-            return args, {**kwargs, element: value}
-        return (*args[:element], value, *args[element + 1 :]), kwargs
-    if attribute == "output" and isinstance(raw, tuple):
-        index = 0 if element is None else element
-        return (*raw[:index], value, *raw[index + 1 :])
-    if attribute == "output" and isinstance(element, str):
-        raw[element] = value
-        return raw
-    return value
-
-
-def inside_trace(obj: Envoy, what: str) -> None:
-    """Raise a ``ValueError`` saying where ``what`` can be used unless a trace is running."""
-    try:
-        Mediator.current(what)
-    except ValueError:
-        raise ValueError(
-            f"{what} on {standard_path(obj)} is a value of the running model: read or write it inside "
-            f"`with model.trace(...)` or `with model.generate(...)`"
-        ) from None
-
-
-def check_order(obj: Envoy, name: str) -> None:
-    """Let the host refuse ``name`` now, when its forward has passed the value's place (a recurrent mixer's call)."""
-    type(obj).check_order(obj, name)
-
-
-def spans_calls(obj: Envoy, value: EProperty) -> bool:
-    """Whether the host serves ``value`` across several calls its forward makes (a recurrent mixer's kept states)."""
-    return type(obj).spans_calls(obj, value)
-
-
-def record_order(obj: Envoy, name: str, written: bool = False) -> None:
-    """Tell the host ``name`` was served (or written), so later requests can be checked against it."""
-    type(obj).record_order(obj, name, written)
-
-
-def number_kind(tensor: torch.Tensor) -> str:
-    """The kind of number a tensor holds: a write must keep it."""
-    if tensor.dtype == torch.bool:
-        return "boolean"
-    if tensor.is_complex():
-        return "complex"
-    return "floating point" if tensor.is_floating_point() else "integer"
-
-
 def unavailable(reason: str) -> EProperty:
     """A value a family does not have: assign it in the class body in place of the inherited one.
 
@@ -674,31 +471,3 @@ def unavailable(reason: str) -> EProperty:
     access raises :class:`Unavailable` with it.
     """
     return EProperty(unavailable=reason, description=reason)
-
-
-def resolve(obj: Envoy, path: str) -> tuple[Any, str]:
-    """The object a path leads to from ``obj``, and the attribute it ends in.
-
-    A module the host's block does not have raises :class:`Unavailable` naming
-    it; an operation that is not in a forward raises nnsight's
-    ``SourceNotAvailable`` naming the ones that are. Both are raised as
-    themselves rather than as the ``AttributeError`` a descriptor would
-    otherwise turn into "no attribute".
-    """
-    node: Any = obj
-    rest = path
-    while rest.startswith("../"):
-        node = node.parent
-        rest = rest[3:]
-    if rest.startswith("/"):
-        node = node.root
-        rest = rest[1:]
-    *steps, attribute = rest.split(".")
-    for step in steps:
-        try:
-            node = getattr(node, step)
-        except AttributeError as error:
-            if step == "source" or not isinstance(node, Envoy):
-                raise SourceNotAvailable(str(error)) from None
-            raise Unavailable(f"no {step} module on {node.path}") from None
-    return node, attribute

@@ -31,12 +31,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from nnsight.modeling.tp import SIDES, device_mesh, requested_expert_parallel, shard
 
+from .availability import Unavailable
 from .layouts import INPUT_AXES, KEY, QUERY
+from .order import standard_path
+
+if TYPE_CHECKING:
+    from nnsight.intervention.envoy import Envoy
+
+    from .descriptor import EProperty
 
 #: The axes that are positions of the input: every rank holds them whole.
 POSITION_AXES = INPUT_AXES | {QUERY, KEY}
@@ -233,3 +240,35 @@ def asks_expert_parallel(distributed_config: Any) -> bool:
     else:
         flag = getattr(distributed_config, "enable_expert_parallel", False)
     return bool(flag) or requested_expert_parallel(distributed_config)
+
+
+def value_fragment(served: EProperty, obj: Envoy, location: str, local: Any) -> Fragment | None:
+    """How the ranks of a model split by tensor parallelism hold ``local``, this value's piece on this rank.
+
+    ``None`` when the value is whole (always, on a model that is not split).
+    """
+    try:
+        return fragment(obj.root, location, local, lambda: model_sizes(served, obj, local))
+    except SplitValueError as error:
+        raise Unavailable(
+            f"{served.name} on {standard_path(obj)}: {error}; read it on a model loaded without distributed_config"
+        ) from None
+
+
+def model_sizes(served: EProperty, obj: Envoy, local: torch.Tensor) -> tuple[int | None, ...]:
+    """The value's axis sizes in the model, ``None`` for the positions of the input (and axes no envoy sizes)."""
+    from .components.standard import axis_size
+
+    dims = served.dims or ()
+    if len(dims) != local.dim():
+        raise SplitValueError(f"its layout has {len(dims)} axes and the model's tensor {local.dim()}")
+
+    def size(axis: str) -> int | None:
+        if axis in POSITION_AXES:
+            return None
+        try:
+            return axis_size(obj, axis)
+        except ValueError:
+            return None
+
+    return tuple(size(axis) for axis in dims)

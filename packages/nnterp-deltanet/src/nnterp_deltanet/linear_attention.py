@@ -16,10 +16,10 @@ from nnterp.components.declaration import ENTERING_STATE, KernelCall
 from nnterp.components.per_token import TOKEN_LOOP
 from nnterp.components.recurrent import RecurrentMixer
 from nnterp.components.routing import route_kernels
-from nnterp.descriptor import ArgumentSelection, BoundArgument
 from nnterp.forward_source import Binding
 from nnterp.layouts import ChannelGates, Gates, LinearHeadOutputs, LinearQK, LinearV, State, States
 from nnterp.positions import Positions
+from nnterp.value_paths import ArgumentSelection, BoundArgument
 
 from .gradients import delta_rule_state_gradients
 from .mixing import delta_rule_mixing, delta_rule_readout

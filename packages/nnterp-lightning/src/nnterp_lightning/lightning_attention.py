@@ -10,17 +10,18 @@ from nnsight.intervention.interleaver import Mediator
 
 from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, unavailable
 from nnterp.analysis.mixing import Heads, TokenMixing
+from nnterp.availability import inside_trace
 from nnterp.components.call_order import CALL_ARGUMENTS
 from nnterp.components.call_site import CallSite, forward_arguments, needs_kernel_call
 from nnterp.components.declaration import mismatch_message
 from nnterp.components.per_call import per_call, pinned, replace_per_call
 from nnterp.components.per_token import ALWAYS
 from nnterp.components.states_memory import reusable_states
-from nnterp.descriptor import inside_trace, resolve
 from nnterp.forward_source import Binding, Call, ForwardSource, NotInForward
 from nnterp.layouts import Gates, LinearHeadOutputs, LinearQK, LinearV, Mixing, State, States
 from nnterp.order import OrderError, standard_path
 from nnterp.positions import Positions, select_positions
+from nnterp.value_paths import resolve
 
 from .recurrence import decay_powers, lightning_mixing, lightning_readout, lightning_states
 

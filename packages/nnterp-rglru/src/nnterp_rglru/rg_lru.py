@@ -19,11 +19,11 @@ from nnterp.components.call_site import argument, kernel, needs_kernel_call
 from nnterp.components.declaration import ENTERING_STATE, KernelCall, kernel_function
 from nnterp.components.per_call import current_call, per_call
 from nnterp.components.per_token import ALWAYS
-from nnterp.descriptor import BoundArgument
 from nnterp.forward_source import Binding, ForwardSource, Place
 from nnterp.layouts import BATCH, CHANNELS, SEQ, ScanMixing, ScanValues
 from nnterp.order import OrderError, standard_path
 from nnterp.positions import Positions
+from nnterp.value_paths import BoundArgument
 
 from .scan import rglru_mixing, rglru_readout, rglru_states
 

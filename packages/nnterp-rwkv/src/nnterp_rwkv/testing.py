@@ -22,8 +22,8 @@ from typing import ClassVar
 import torch
 from transformers.integrations import use_kernel_func_from_hub_with_fallback
 
+from nnterp.availability import Unavailable
 from nnterp.components.declaration import modeling_module
-from nnterp.descriptor import Unavailable
 from nnterp.forward_source import callee
 from nnterp.order import OrderError
 from nnterp.registry import REGISTRY

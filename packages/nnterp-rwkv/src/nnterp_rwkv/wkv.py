@@ -445,8 +445,7 @@ class Wkv(RecurrentMixer):
         through the model's ``state`` list, written after the block's own
         writes of this call's last token.
         """
-        state = self.trajectory(positions=-1).clone()
-        state[:, heads] = carried["state"].to(state)[:, heads]
+        state = self.spliced_state(carried, heads)
         self.state_output = state
         _, kept = self.forward_call()
         layer = self._module.layer_id

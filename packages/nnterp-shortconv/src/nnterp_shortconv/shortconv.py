@@ -15,11 +15,12 @@ from nnterp.components.call_site import argument, forward_arguments, kernel, nee
 from nnterp.components.declaration import KernelCall
 from nnterp.components.per_call import current_call, per_call, replace_per_call
 from nnterp.components.per_token import ALWAYS
-from nnterp.descriptor import resolve
 from nnterp.forward_source import Call, ForwardSource
+from nnterp.layout_checks import check_layout
 from nnterp.layouts import BATCH, CHANNELS, SEQ, ScanMixing, ScanValues
 from nnterp.order import OrderError, standard_path
 from nnterp.positions import Positions
+from nnterp.value_paths import resolve
 
 from .window import conv_readout, conv_windows, window_mixing, written_window_effect
 
@@ -88,7 +89,7 @@ class SplitGate(EProperty):
 
     def __set__(self, obj: Any, value: Any) -> None:
         current = self.__get__(obj)
-        self.check_layout(obj, current, value)
+        check_layout(self, obj, current, value)
         written = obj.written_split()
         if written is None:
             written = tuple(gate.clone() for gate in obj.split())

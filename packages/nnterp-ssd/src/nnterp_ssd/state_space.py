@@ -15,11 +15,11 @@ from nnterp.components.call_site import argument, kernel, needs_torch_kernels
 from nnterp.components.declaration import ENTERING_STATE, KernelCall
 from nnterp.components.per_token import ChunkBoundaries
 from nnterp.components.recurrent import RecurrentMixer
-from nnterp.descriptor import resolve
 from nnterp.forward_source import Binding, Call
 from nnterp.layouts import Gates, SSDHeadOutputs, SSDKeys, SSDQueries, SSDState, SSDStates, SSDValues
 from nnterp.order import standard_path
 from nnterp.positions import Positions
+from nnterp.value_paths import resolve
 
 from .gradients import ssd_state_gradients
 from .mixing import ssd_mixing, ssd_readout

@@ -14,12 +14,12 @@ from torch import Tensor
 from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, unavailable
 from nnterp.analysis.knockout import knocked_tokens
 from nnterp.analysis.mixing import Heads, TokenMixing
+from nnterp.availability import inside_trace
 from nnterp.components.call_order import CALL_ARGUMENTS
 from nnterp.components.call_site import CallSite, argument, forward_arguments, needs_kernel_call
 from nnterp.components.declaration import mismatch_message
 from nnterp.components.per_call import per_call, replace_per_call
 from nnterp.components.per_token import ALWAYS
-from nnterp.descriptor import BoundArgument, inside_trace
 from nnterp.forward_source import ForwardSource, NotInForward
 from nnterp.layouts import (
     BATCH,
@@ -37,6 +37,7 @@ from nnterp.layouts import (
 )
 from nnterp.order import OrderError, standard_path
 from nnterp.positions import Positions, select_positions
+from nnterp.value_paths import BoundArgument
 
 from .recurrence import denominators, mlstm_mixing, mlstm_readout, mlstm_states
 

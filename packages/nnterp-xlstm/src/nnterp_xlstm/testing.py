@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from nnterp.analysis import knock_out
 from nnterp.analysis.mixing import mixed
-from nnterp.descriptor import Unavailable
+from nnterp.availability import Unavailable
 from nnterp.order import OrderError
 from nnterp.testing import PROMPT, Suite, blocks_with, check_patch_state_joins_the_prompts, close, tiny_standardized
 from nnterp.testing.mixing import TokenMixingSuite

@@ -82,7 +82,10 @@ RouterClasses = Float[Tensor, f"{BATCH} {SEQ} {ROUTER_CLASSES}"]
 
 
 def _router_returns() -> int:
-    """How many values the installed router returns: its weights and indices last, after its logits from 5.20 on."""
+    """How many values the installed router returns: its weights and indices last, after its logits from 5.20 on.
+
+    Read from the return statement of the installed router's forward.
+    """
     (returned,) = [
         node.value
         for node in ast.walk(ForwardSource.of(MODELING.LongcatFlashTopkRouter.forward).definition)
@@ -92,7 +95,8 @@ def _router_returns() -> int:
 
 
 #: Where the router's output tuple holds the expert weights and indices.
-WEIGHTS_AT, INDICES_AT = _router_returns() - 2, _router_returns() - 1
+INDICES_AT = _router_returns() - 1
+WEIGHTS_AT = INDICES_AT - 1
 #: The mixture's sum of the identity slots' outputs, in the forwards that compute it apart (transformers 5.25 on).
 IDENTITY_OUTPUT = Place(Binding("identity_output"))
 
@@ -117,22 +121,11 @@ class LongcatFlashLayer(Layer):
     """A block of two attention + MLP pairs: ``self_attn`` is the first attention, its boundaries the first pair's.
 
     ``self_attn`` names the first entry of the block's ``ModuleList`` of two
-    attentions. The name is transformers' for the pair, which a ``rename``
-    alias cannot take over (nnsight refuses an alias that would shadow a
-    child), so the envoy points it at the first entry once nnsight has built
-    the block and bound its aliases (``second_attn`` among them), and records
-    it as an alias, as nnsight records its own, for the standard paths in
-    messages and ``support``. The pair itself stays in the tree, under its
-    own path, as nnsight's entry ``self_attn`` of the block.
+    attentions, whose name transformers gives the pair (``over_children``);
+    the second is ``second_attn``.
     """
 
-    #: The block's pair of attentions, whose first entry takes the pair's name.
-    PAIR = "self_attn"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        object.__setattr__(self, self.PAIR, self._child_map[self.PAIR][0])
-        self._aliases[self.PAIR] = f"{self.PAIR}.0"
+    over_children = {"self_attn": "self_attn.0"}
 
     @EProperty("input_layernorm.0.output")
     def attention_norm_output(self, value: Any) -> Residual:

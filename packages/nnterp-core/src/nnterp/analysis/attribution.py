@@ -33,7 +33,7 @@ import torch
 from nnsight.intervention.interleaver import OutOfOrderError
 from torch import Tensor
 
-from ..descriptor import Unavailable
+from ..availability import Unavailable
 from .blocks import block_indices, known, token_ids
 
 #: What ``attribution_patch`` estimates, in the order a block's forward makes them, and how many trailing axes each

@@ -19,8 +19,9 @@ import torch
 from nnsight.intervention.source import SourceNotAvailable
 from torch import Tensor
 
+from ..availability import Unavailable
 from ..components.standard import axis_size
-from ..descriptor import DerivedEProperty, EProperty, Unavailable
+from ..descriptor import DerivedEProperty, EProperty
 from ..family import declared
 from ..forward_source import ForwardSource
 from ..positions import Positions, select_indices

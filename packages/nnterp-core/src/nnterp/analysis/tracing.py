@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from ..availability import Unavailable
 from ..components.per_token import ChunkBoundaries
-from ..descriptor import Unavailable
 from .blocks import Mixers, block_indices, known, mixers, token_ids, within
 from .continuation import (
     Prefix,

@@ -33,9 +33,9 @@ import torch
 from nnsight.intervention.interleaver import Mediator
 from nnsight.intervention.source import STATE
 
-from ..descriptor import BoundArgument, resolve
 from ..forward_source import Call, ForwardSource, callee, hub_kernel_replacing, hub_module_function, innermost
 from ..order import OrderError, standard_path
+from ..value_paths import BoundArgument, resolve
 from .declaration import (
     ENTERING_STATE,
     DeclarationMismatch,

@@ -19,9 +19,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..descriptor import BoundArgument, TokenEProperty, resolve, unavailable
+from ..descriptor import TokenEProperty, unavailable
 from ..forward_source import ForwardSource
 from ..layouts import ExpertIndices, ExpertOutputs, ExpertWeights, Residual, RouterLogits
+from ..value_paths import BoundArgument, resolve
 from .mlp import Mlp
 from .standard import contribution
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..descriptor import Unavailable
+from ..availability import Unavailable
 from ..order import standard_path
 from .vision import ANY_RESOLUTION, Vision
 

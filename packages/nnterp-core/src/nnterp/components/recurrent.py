@@ -32,7 +32,9 @@ from nnsight.intervention.interleaver import Mediator
 
 from ..analysis.knockout import knocked_tokens
 from ..analysis.mixing import Heads, TokenMixing, select_heads
-from ..descriptor import DerivedEProperty, EProperty, Unavailable, inside_trace
+from ..availability import Unavailable, inside_trace
+from ..descriptor import DerivedEProperty, EProperty
+from ..layout_checks import check_layout
 from ..layouts import MIXER_HEADS, Mixing, Residual, State, States
 from ..order import OrderError, standard_path
 from ..positions import Positions, select_positions
@@ -287,6 +289,16 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         """
         return {"state": self.trajectory(positions=-1)}
 
+    def spliced_state(self, carried: dict[str, torch.Tensor], heads: Any) -> torch.Tensor:
+        """The state after this call's last token with ``carried["state"]`` at ``heads``: what ``carry`` leaves.
+
+        Computed from the call's arguments (``trajectory``): ``state_output``
+        itself comes after the head outputs ``carry`` may write.
+        """
+        state = self.trajectory(positions=-1).clone()
+        state[:, heads] = carried["state"].to(state)[:, heads]
+        return state
+
     def carry(self, carried: dict[str, torch.Tensor], heads: Any) -> torch.Tensor:
         """Inside a trace, on a prompt's call: the next call continues from ``carried`` (``carried()``'s parts) at
         ``heads`` (the state's axis 1, as ``state[:, heads]``), as if the call's last token had left them.
@@ -300,9 +312,7 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         Returns the state the next call starts from, [batch, ...] as
         ``state_output``.
         """
-        # computed from the call's arguments: state_output itself comes after the head outputs are written
-        state = self.trajectory(positions=-1).clone()
-        state[:, heads] = carried["state"].to(state)[:, heads]
+        state = self.spliced_state(carried, heads)
         outputs = self.attention_head_outputs
         answered = outputs.clone()
         answered[:, -1] = self.read_state(state, positions=-1).to(outputs)
@@ -557,7 +567,7 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
                         current = current.new_empty(
                             (current.shape[0], current.shape[1] * calls, *current.shape[2:]), device="meta"
                         )
-                    type(self).state.check_layout(self, current, value)
+                    check_layout(type(self).state, self, current, value)
                 op.output = piece
             self.passing_call(call)
         self.record_order("states", written=True)

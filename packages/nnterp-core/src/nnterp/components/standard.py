@@ -29,9 +29,21 @@ class Standard(ValueHost, Envoy):
     """
 
     sourced: ClassVar[bool] = False
+    #: Standard names this envoy takes from children of its own that are spelled the same, each pointed at an envoy
+    #: below the child: ``{"self_attn": "self_attn.0"}`` for a block whose ``self_attn`` is a list of two attentions.
+    #: A family's ``RENAME`` cannot say this, as nnsight refuses an alias that shadows a child. The child stays in the
+    #: tree under its own path.
+    over_children: ClassVar[dict[str, str]] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        for name, path in self.over_children.items():
+            target: Any = self
+            for step in path.split("."):
+                target = target[int(step)] if step.isdigit() else getattr(target, step)
+            # recorded as nnsight records an alias, so messages and support() spell the standard name
+            object.__setattr__(self, name, target)
+            self._aliases[name] = path
         if self.sourced:
             self.source
 

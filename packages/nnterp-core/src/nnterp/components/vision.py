@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 import torch
 from nnsight.intervention.envoy import Envoy
 
-from ..descriptor import EProperty, Unavailable
+from ..availability import Unavailable
+from ..descriptor import EProperty
 from ..family import declared
 from ..layouts import ImageFeatures, ImageTokenMask, Neurons, Patches, PatchNeurons, Residual
 from .layer import Layer

@@ -29,10 +29,10 @@ from typing import ClassVar
 import torch
 import transformers
 
+from ..availability import Unavailable
 from ..cli import check_families
 from ..components.declaration import forward_changes, modeling_module
 from ..components.recurrent import RecurrentMixer
-from ..descriptor import Unavailable
 from ..forward_source import callee
 from ..registry import REGISTRY
 from ..transformer import StandardizedTransformer

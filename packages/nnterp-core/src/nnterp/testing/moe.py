@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
+from ..availability import Unavailable
 from ..components.moe import Moe
 from ..components.standard import axis_size
-from ..descriptor import Unavailable
 from ..order import OrderError
 from .models import tiny_standardized
 from .suites import ATOL, PROMPT, Suite, close, raises

@@ -23,12 +23,12 @@ import torch
 from transformers.integrations import use_kernel_func_from_hub_with_fallback
 
 from ..analysis.patching import patch_state
+from ..availability import Unavailable
 from ..components.call_site import CACHE_ARGUMENTS
 from ..components.declaration import forward_layout, modeling_module
 from ..components.per_token import PerToken
 from ..components.recurrent import RecurrentMixer
 from ..components.routing import route_kernels
-from ..descriptor import Unavailable
 from ..forward_source import callee
 from ..order import OrderError
 from ..registry import REGISTRY

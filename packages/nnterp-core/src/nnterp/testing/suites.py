@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..analysis.lens import logit_lens
-from ..descriptor import Unavailable
+from ..availability import Unavailable
 from ..family import declared
 from ..order import OrderError
 from ..transformer import StandardizedTransformer

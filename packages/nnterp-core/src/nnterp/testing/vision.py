@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..descriptor import Unavailable
+from ..availability import Unavailable
 from ..family import declared
 from ..order import OrderError
 from ..transformer import StandardizedTransformer
