@@ -341,12 +341,14 @@ class Registry:
         not installed."""
         distribution, module = declared_model_types().get(model_type, (None, None))
         if distribution is None:
-            absent = [f"{name} ({serves})" for name, serves in OFFICIAL_PLUGINS.items() if not installed(name)]
+            absent = [name for name in OFFICIAL_PLUGINS if not installed(name)]
             if not absent:
                 return ""
+            listed = "; ".join(f"{name} ({OFFICIAL_PLUGINS[name]})" for name in absent)
+            install = absent[0] if len(absent) == 1 else "<the one that serves the model's blocks>"
             return (
-                f". No installed distribution declares it; the official plugins not installed here are "
-                f"{'; '.join(absent)}. Install the one that serves the model's blocks: pip install <distribution>"
+                f". No installed distribution declares it; the official plugins not installed here are {listed}. "
+                f"pip install {install}"
             )
         failed = [failure for failure in self.failures if failure.distribution == distribution]
         if failed:
