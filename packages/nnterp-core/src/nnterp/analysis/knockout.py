@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..components.per_token import ChunkBoundaries
+from ..components.per_token import TORCH_SCAN_CHUNK, ChunkBoundaries
 from .blocks import Mixers, mixers, token_ids, within
 from .continuation import (
     Prefix,
@@ -120,7 +120,8 @@ def knockout(
     continues from the cache one run of the tokens before its first knocked
     position left (``continuation``), the logits before it being the
     prompt's own. Where a model cannot continue a prompt from its cache, each
-    row runs the whole prompt.
+    row runs the whole prompt. A chunk scan runs in chunks of at most
+    ``TORCH_SCAN_CHUNK`` tokens, the fastest on its pure-torch path.
 
     With ``max_new_tokens``, each run is a greedy ``generate`` over the whole
     prompt, knocking out on every step, and ``metric`` gets each step's
@@ -130,14 +131,18 @@ def knockout(
     seq = ids.shape[1]
     knocked = [position % seq for position in within(positions, seq, "positions", "tokens of the prompt")]
     layers = None if layers is None else [block.layer for block in mixers(model, layers)]
-    shared = None
-    if not max_new_tokens and continues_several_tokens(mixers(model)):
-        shared = _knockout_sharing_the_start(model, ids, knocked, layers, metric, batch_size)
-    if shared is not None:
-        return shared
-    clean = metric_of_run(model, ids, metric, max_new_tokens, lambda: None)
-    runs = [knocked[start : start + batch_size] for start in range(0, len(knocked), batch_size)]
-    return torch.cat([_knocked_run(model, ids, rows, layers, metric, max_new_tokens) - clean for rows in runs]).detach()
+    recurrent = [block.recurrent for block in mixers(model) if block.recurrent is not None]
+    # knock_out reads the keys inside the kernel, so a chunk scan runs transformers' pure-torch one
+    with ChunkBoundaries.fitted(recurrent, seq, TORCH_SCAN_CHUNK):
+        shared = None
+        if not max_new_tokens and continues_several_tokens(mixers(model)):
+            shared = _knockout_sharing_the_start(model, ids, knocked, layers, metric, batch_size)
+        if shared is not None:
+            return shared
+        clean = metric_of_run(model, ids, metric, max_new_tokens, lambda: None)
+        runs = [knocked[start : start + batch_size] for start in range(0, len(knocked), batch_size)]
+        changes = [_knocked_run(model, ids, rows, layers, metric, max_new_tokens) - clean for rows in runs]
+    return torch.cat(changes).detach()
 
 
 def _knockout_sharing_the_start(

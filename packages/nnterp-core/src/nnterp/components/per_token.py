@@ -131,6 +131,14 @@ class ScanLoop(TokenLoop):
         return call
 
 
+#: The chunk a caller that runs transformers' pure-torch chunk scan (reading its kernel values needs it) caps a
+#: continuation's chunks at (``ChunkBoundaries.fitted``). That scan builds ``[chunk, chunk]`` decay and score
+#: matrices per head for every chunk, work per token growing with the chunk, while what it carries from chunk to
+#: chunk is one state per chunk: on Mamba-2's 24 heads x 64 x state 128, 64-token chunks cost 0.6x to 0.8x per
+#: token what 256-token ones do, on a CPU.
+TORCH_SCAN_CHUNK = 64
+
+
 @dataclass(frozen=True)
 class ChunkBoundaries(PerToken):
     """Per-token states from the chunk boundaries of the prompt's kernel, one token apart with a chunk size of 1.
@@ -173,19 +181,22 @@ class ChunkBoundaries(PerToken):
 
     @staticmethod
     @contextlib.contextmanager
-    def fitted(mixers: Iterable["RecurrentMixer"], length: int) -> Iterator[None]:
+    def fitted(mixers: Iterable["RecurrentMixer"], length: int, longest: int | None = None) -> Iterator[None]:
         """While the block runs: the chunked scans among ``mixers`` take chunks no longer than a call of ``length``
-        tokens needs, then their chunk sizes are restored.
+        tokens needs, nor than ``longest``, then their chunk sizes are restored.
 
         A chunk scan pads a call to a whole chunk, so a continuation shorter
         than a chunk would pay for the whole chunk; its chunk becomes the
         power of two that holds it (at least 16, the smallest tile of the
-        GPU kernels' matrix products). The outputs are the same up to float
-        rounding.
+        GPU kernels' matrix products). A caller running the pure-torch scan
+        caps it with ``longest`` (``TORCH_SCAN_CHUNK``). The outputs are the
+        same up to float rounding.
         """
         chunked = [mixer._module for mixer in mixers if isinstance(type(mixer).PER_TOKEN, ChunkBoundaries)]
         built = [module.chunk_size for module in chunked]
         holds = max(16, 1 << (length - 1).bit_length())
+        if longest is not None:
+            holds = min(holds, longest)
         try:
             for module, chunk in zip(chunked, built, strict=True):
                 module.chunk_size = min(chunk, holds)
