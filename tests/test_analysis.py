@@ -12,6 +12,7 @@ from nnterp import REGISTRY, route_kernels
 from nnterp.analysis import knock_out, knockout, mixed, patch_state
 from nnterp.analysis.blocks import mixers
 from nnterp.analysis.continuation import continuation_inputs, continue_mixers, expanded, run_in_segments
+from nnterp.components.per_token import TORCH_SCAN_CHUNK
 from nnterp.testing import PROMPT, blocks_with, mild_decays, tiny_standardized
 from nnterp_deltanet.testing import reference_delta_rule
 
@@ -149,6 +150,33 @@ def test_a_continuation_runs_a_chunk_scan_in_chunks_that_fit_it():
     torch.testing.assert_close(shared[0], (read[1] - read[0])[0].float(), rtol=1e-4, atol=1e-5)
     assert 16 in seen, f"the 13-token continuation ran in chunks of {sorted(set(seen))}"
     assert [scan.chunk_size for scan in scans] == [64] * len(scans), "a chunk size was left fitted"
+
+
+def test_knockout_runs_a_long_chunk_scan_in_its_pure_torch_chunks():
+    """A Mamba-2 built with 256-token chunks knocks out of a 200-token prompt in chunks of at most TORCH_SCAN_CHUNK,
+    each row equal to a whole run knocking out its token in the built chunks; every chunk size is restored after."""
+    model = mild_decays(tiny_standardized("mamba2", chunk_size=256))
+    scans = [block.recurrent._module for block in mixers(model)]
+    ids = torch.randint(3, model.vocab_size, (1, 200), generator=torch.Generator().manual_seed(0))
+    positions = [3, 130]
+    seen: list[int] = []
+    hooks = [scan.register_forward_pre_hook(lambda scan, _: seen.append(scan.chunk_size)) for scan in scans]
+    try:
+        shared = knockout(model, ids, positions, metric=whole, batch_size=1)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert max(seen) <= TORCH_SCAN_CHUNK, f"the knockout ran in chunks of {sorted(set(seen))}"
+    assert [scan.chunk_size for scan in scans] == [256] * len(scans), "a chunk size was left capped"
+    read: list = []
+    for knocked in ([], *([position] for position in positions)):
+        with model.trace(ids):
+            if knocked:
+                knock_out(model, knocked)
+            read.append(model.logits.save())
+    clean, *alone = read
+    for change, whole_run, position in zip(shared, alone, positions, strict=True):
+        torch.testing.assert_close(change, (whole_run - clean)[0].float(), rtol=1e-4, atol=1e-5, msg=f"{position}")
 
 
 def test_a_recurrent_knockout_is_the_recurrence_without_the_tokens_write(model):
