@@ -8,7 +8,7 @@ import torch
 from transformers.models.mamba import modeling_mamba
 
 from nnterp.testing.recurrent import POSITION_IDS, POSITIONS, check_positions, close_relative
-from nnterp_mamba.trajectory import selective_scan_states
+from nnterp_mamba.trajectory import entering_contribution, selective_scan_states
 
 # The pure-torch bodies, past the hub dispatcher (which would pick mamba_ssm's compiled kernels if installed).
 STATE_UPDATE = inspect.unwrap(modeling_mamba.mamba_selective_state_update)
@@ -120,3 +120,24 @@ def test_dtype_follows_the_kernels_inputs():
     assert in_bf16.dtype == torch.bfloat16 and in_float32.dtype == torch.float32
     close_relative(in_float32, expected[:, ::10])
     assert torch.equal(in_bf16, in_float32.to(torch.bfloat16))
+
+
+def test_entering_contribution_is_the_decayed_states_readout_and_its_gradient():
+    """What entering a scan with a state adds, in 16-token blocks computed in place, is ``C_t . exp(A * (dt_1 + ...
+    + dt_t)) h`` at each token and the state decayed over the call, and it carries the same gradient."""
+    generator = torch.Generator().manual_seed(0)
+    dt = torch.randn(2, 8, 40, generator=generator).requires_grad_()
+    A = (-torch.rand(8, 4, generator=generator) * 4).requires_grad_()
+    C = torch.randn(2, 4, 40, generator=generator).requires_grad_()
+    state = torch.randn(2, 8, 4, generator=generator).requires_grad_()
+    outputs, final = entering_contribution(dt, A, C, state)
+    elapsed = torch.nn.functional.softplus(dt).cumsum(-1)  # [batch, channels, seq]
+    decayed = torch.exp(elapsed[..., None] * A[:, None, :]) * state[:, :, None, :]  # [batch, channels, seq, n]
+    expected = (decayed * C.transpose(1, 2)[:, None]).sum(-1), decayed[:, :, -1]
+    torch.testing.assert_close((outputs, final), expected)
+    weights = torch.randn(outputs.shape, generator=generator), torch.randn(final.shape, generator=generator)
+    arguments = (dt, A, C, state)
+    got = torch.autograd.grad([outputs, final], arguments, weights)
+    wanted = torch.autograd.grad(list(expected), arguments, weights)
+    for name, ours, reference in zip(("dt", "A", "C", "state"), got, wanted, strict=True):
+        torch.testing.assert_close(ours, reference, msg=f"the gradient of {name}")

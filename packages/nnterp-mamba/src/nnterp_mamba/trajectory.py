@@ -160,8 +160,9 @@ def entering_contribution(
     takes them, with ``C`` ``[batch, state_dim, seq]`` and ``state``
     ``[batch, channels, state_dim]``. Computed in float32 ``block`` tokens at
     a time, so the decayed states ``[batch, channels, block, state_dim]``
-    never exceed a block, in place: a block of 16 rows of Mamba-1's 1536
-    channels stays in a CPU's cache from its ``exp`` to its readout. Rows that repeat the first (a prompt repeated, as
+    never exceed a block: a block of 16 rows of Mamba-1's 1536 channels stays
+    in a CPU's cache from its ``exp`` to its readout, whose product is taken in
+    place (the ``exp``'s own output is kept for its gradient). Rows that repeat the first (a prompt repeated, as
     ``knockout`` repeats it, in the blocks before the knocked tokens differ)
     are computed once.
     """
@@ -174,7 +175,7 @@ def entering_contribution(
     reading = C.float().transpose(1, 2)[:, None]  # [batch, 1, seq, n]
     readouts = []
     for start in range(0, elapsed.shape[-1], block):
-        decayed = torch.mul(elapsed[..., start : start + block, None], rate).exp_().mul_(entering)
+        decayed = torch.exp(elapsed[..., start : start + block, None] * rate) * entering
         readouts.append(decayed.mul_(reading[:, :, start : start + block]).sum(-1))
     final = torch.exp(elapsed[..., -1, None] * A.float()) * state.float()
     return torch.cat(readouts, dim=-1), final
