@@ -50,6 +50,11 @@ def mixers(model: Any, layers: Iterable[int] | None = None) -> list[Mixers]:
     return found
 
 
+def recurrent_mixers(blocks: Iterable[Mixers]) -> list["RecurrentMixer"]:
+    """The recurrent mixers of ``blocks``, in forward order: what ``ChunkBoundaries.fitted`` refits."""
+    return [block.recurrent for block in blocks if block.recurrent is not None]
+
+
 def block_indices(model: Any, layers: Iterable[int] | None) -> list[int]:
     """The blocks ``layers`` picks (default: every block), sorted and counted from the start.
 

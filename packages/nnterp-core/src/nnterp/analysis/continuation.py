@@ -19,7 +19,7 @@ import torch
 
 from ..components.call_site import CACHE_ARGUMENTS
 from ..components.per_token import ChunkBoundaries
-from .blocks import Mixers, mixers
+from .blocks import Mixers, mixers, recurrent_mixers
 
 
 class Prefix(NamedTuple):
@@ -68,7 +68,7 @@ def run_in_segments(model: Any, ids: torch.Tensor, starts: list[int], blocks: li
     logits: list[torch.Tensor] = []
     prefixes: dict[int, Prefix] = {}
     prefix = None
-    recurrent = [block.recurrent for block in blocks if block.recurrent is not None]
+    recurrent = recurrent_mixers(blocks)
     for start, stop in zip(bounds, bounds[1:], strict=False):
         inputs = {"use_cache": True} if prefix is None else continuation_inputs(model, prefix.cache, blocks, 1, stop)
         states: dict[int, torch.Tensor] = {}

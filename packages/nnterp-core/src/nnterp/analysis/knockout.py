@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..components.per_token import TORCH_SCAN_CHUNK, ChunkBoundaries
-from .blocks import Mixers, mixers, token_ids, within
+from .blocks import Mixers, mixers, recurrent_mixers, token_ids, within
 from .continuation import (
     Prefix,
     continuation_inputs,
@@ -131,11 +131,11 @@ def knockout(
     seq = ids.shape[1]
     knocked = [position % seq for position in within(positions, seq, "positions", "tokens of the prompt")]
     layers = None if layers is None else [block.layer for block in mixers(model, layers)]
-    recurrent = [block.recurrent for block in mixers(model) if block.recurrent is not None]
+    every = mixers(model)
     # knock_out reads the keys inside the kernel, so a chunk scan runs transformers' pure-torch one
-    with ChunkBoundaries.fitted(recurrent, seq, TORCH_SCAN_CHUNK):
+    with ChunkBoundaries.fitted(recurrent_mixers(every), seq, TORCH_SCAN_CHUNK):
         shared = None
-        if not max_new_tokens and continues_several_tokens(mixers(model)):
+        if not max_new_tokens and continues_several_tokens(every):
             shared = _knockout_sharing_the_start(model, ids, knocked, layers, metric, batch_size)
         if shared is not None:
             return shared
@@ -195,8 +195,10 @@ def _continued_knocked_run(
     knocked_layers = {block.layer for block in mixers(model, layers)}
     inputs = continuation_inputs(model, expanded(prefix.cache, len(rows)), every, len(rows), seq)
     read: list[torch.Tensor] = []
-    recurrent = [block.recurrent for block in every if block.recurrent is not None]
-    with ChunkBoundaries.fitted(recurrent, seq - start), model.trace(ids[:, start:].expand(len(rows), -1), **inputs):
+    with (
+        ChunkBoundaries.fitted(recurrent_mixers(every), seq - start),
+        model.trace(ids[:, start:].expand(len(rows), -1), **inputs),
+    ):
         # block by block, in forward order: a knocked key is an argument of the call it continues
         for block in every:
             if block.layer in knocked_layers:

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..availability import Unavailable
 from ..components.per_token import ChunkBoundaries
-from .blocks import Mixers, block_indices, known, mixers, token_ids, within
+from .blocks import Mixers, block_indices, known, mixers, recurrent_mixers, token_ids, within
 from .continuation import (
     Prefix,
     continuation_inputs,
@@ -198,9 +198,7 @@ class _Run(NamedTuple):
         inputs, fitted = {}, contextlib.nullcontext()
         if prefix is not None:
             inputs = continuation_inputs(model, expanded(prefix.cache, rows), self.every, rows, self.ids.shape[1])
-            fitted = ChunkBoundaries.fitted(
-                [block.recurrent for block in self.every if block.recurrent is not None], self.ids.shape[1] - start
-            )
+            fitted = ChunkBoundaries.fitted(recurrent_mixers(self.every), self.ids.shape[1] - start)
         read: list[Tensor] = []
         with torch.no_grad(), fitted, model.trace(self.ids[:, start:].expand(rows, -1), **inputs):
             self.corrupt()
