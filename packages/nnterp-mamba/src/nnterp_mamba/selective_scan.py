@@ -19,6 +19,7 @@ from nnterp.layouts import CHANNELS, ScanDecays, ScanMixing, ScanQK, ScanState, 
 from nnterp.order import standard_path
 from nnterp.positions import Positions
 
+from .gradients import SelectiveScanAdjoint
 from .mixing import selective_scan_mixing, selective_scan_readout
 from .trajectory import entering_contribution, selective_scan_states
 
@@ -323,6 +324,23 @@ class SelectiveScan(RecurrentMixer):
             softplus=bool(self.argument("dt_softplus")),
         )
         return outputs.transpose(1, 2), final
+
+    def backward_through_adjoint(self) -> None:
+        """The scan's backward through its adjoint (``gradients.SelectiveScanAdjoint``), on a prompt's pure-torch scan.
+
+        autograd's record of transformers' token loop differentiates each
+        token's slice of the whole-prompt decays and writes separately, which
+        is quadratic in the prompt; the adjoint is one backwards step per token.
+        ``attention_head_outputs`` keeps the kernel's value. A decode step's
+        update, and an optimized kernel, keep their own backward.
+        """
+        if self.decoding() or needs_torch_kernels(self) is not None:
+            return
+        adjoint = SelectiveScanAdjoint.apply(
+            *(self.argument(name) for name in ("hidden_states", "dt", "A", "B", "C", "D", "dt_bias")),
+            bool(self.argument("dt_softplus")),
+        )
+        self.attention_head_outputs = self.attention_head_outputs.detach() + adjoint.transpose(1, 2)
 
     # -- token mixing ----------------------------------------------------------------------
 

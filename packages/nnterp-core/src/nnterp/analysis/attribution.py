@@ -20,6 +20,10 @@ have it (a hybrid's ``linear_attn`` and ``self_attn`` apart):
   the gradient of the head outputs; both runs' states come from their kernel calls'
   arguments (``state_trajectory``), so nothing needs routing.
 
+The clean run's backward runs through each recurrent mixer as its kind says
+(``RecurrentMixer.backward_through_adjoint``): on Mamba-1, through the scan's adjoint rather than
+autograd's record of transformers' token loop, whose backward is quadratic in the prompt.
+
 A value nnsight serves no gradient for (one computed beside the forward rather than used by it:
 a mixture of experts' slots, Mamba-1's per-channel head outputs) raises ``Unavailable``.
 """
@@ -34,7 +38,7 @@ from nnsight.intervention.interleaver import OutOfOrderError
 from torch import Tensor
 
 from ..availability import Unavailable
-from .blocks import block_indices, known, token_ids
+from .blocks import block_indices, known, mixers, token_ids
 
 #: What ``attribution_patch`` estimates, in the order a block's forward makes them, and how many trailing axes each
 #: estimate sums over (the width a patch moves together).
@@ -123,19 +127,26 @@ def attribution_patch(
     gradients: list[Tensor] = []
     adjoint_inputs: dict[int, list[Tensor]] = {}
     names: dict[int, str] = {}
+    recurrent = {block.layer: block.recurrent for block in mixers(model) if block.recurrent is not None}
     try:
         with model.trace(clean_ids):
             served = []
-            for index, (layer, value, owner) in enumerate(places):
-                if value == STATES:
-                    # the arguments first: the call records them as it starts
-                    adjoint_inputs[index] = [tensor.save() for tensor in owner.state_gradient_inputs()]
-                    activations.append(owner.state_trajectory.save())
-                    served.append(owner.attention_head_outputs)
-                else:
-                    served.append(getattr(owner, _served_name(value)))
-                    activations.append(served[-1].detach().clone().save())
-                names[id(served[-1])] = f"layers[{layer}] {value}"
+            for layer in sorted(recurrent.keys() | {place[0] for place in places}):
+                # every mixer the metric's gradient runs back through, chosen or not
+                if layer in recurrent:
+                    recurrent[layer].backward_through_adjoint()
+                for index, (place_layer, value, owner) in enumerate(places):
+                    if place_layer != layer:
+                        continue
+                    if value == STATES:
+                        # the arguments first: the call records them as it starts
+                        adjoint_inputs[index] = [tensor.save() for tensor in owner.state_gradient_inputs()]
+                        activations.append(owner.state_trajectory.save())
+                        served.append(owner.attention_head_outputs)
+                    else:
+                        served.append(getattr(owner, _served_name(value)))
+                        activations.append(served[-1].detach().clone().save())
+                    names[id(served[-1])] = f"layers[{layer}] {value}"
             measured = metric(model.logits)
             with measured.backward():
                 for activation in reversed(served):

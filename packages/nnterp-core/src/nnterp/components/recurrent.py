@@ -276,6 +276,19 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
             f"what a cached state adds to it; continue one token at a time"
         )
 
+    def backward_through_adjoint(self) -> None:
+        """Inside a trace that takes gradients: route this call's backward through its recurrence's adjoint.
+
+        The forward goes on with the kernel's own output; only the path the
+        gradient takes back through the call changes, to the adjoint computed
+        from the call's arguments. A kind declares it where autograd's record of
+        its pure-torch kernel costs more than the adjoint (Mamba-1's token
+        loop, whose backward is quadratic in the prompt); by default, and
+        beside an optimized kernel with its own backward, it does nothing.
+        ``nnterp.analysis.attribution_patch`` calls it on every mixer of its
+        clean run. Call it before reading the call's values.
+        """
+
     def carried(self) -> dict[str, torch.Tensor]:
         """Inside a trace, on a prompt's call: everything this mixer carries past the call's last token, by name.
 
