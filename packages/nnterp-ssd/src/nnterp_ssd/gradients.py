@@ -12,7 +12,10 @@ from the last token, where ``L`` starts at zero: a scalar decay per head and tok
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -36,3 +39,100 @@ def ssd_state_gradients(log_decay: Tensor, C: Tensor, head_output_gradients: Ten
         if t + 1 < seq:
             running.add_(result[:, t + 1] * decay[:, t + 1, :, None, None])
     return result
+
+
+class ScanRun(NamedTuple):
+    """What ``ssd_state_patch_estimates`` needs of one run of a Mamba-2 scan call, tokens first, float32."""
+
+    #: ``dt_t A`` per token and head, ``[batch, seq, heads]``
+    log_decay: Tensor
+    #: the keys, ``[batch, seq, groups, state_dim]``
+    B: Tensor
+    #: the queries, ``[batch, seq, groups, state_dim]``
+    C: Tensor
+    #: what each token writes, ``dt_t x_t``, ``[batch, seq, heads, head_dim]``
+    written: Tensor
+    #: the state the call starts from, key side first, ``[batch, heads, state_dim, head_dim]``
+    entering: Tensor
+
+
+@torch.no_grad()
+def ssd_state_patch_estimates(
+    clean: ScanRun, corrupt: ScanRun, head_output_gradients: Tensor, chunk_size: int = 64
+) -> Tensor:
+    """``(corrupt h_t - clean h_t) . L_t`` per token and head, ``[batch, seq, heads]``, without forming a state per token.
+
+    ``L_t`` is the clean run's adjoint (``ssd_state_gradients``) from
+    ``head_output_gradients`` ``[batch, seq, heads, head_dim]``. Written out,
+    a run's state after ``t`` is a sum of its writes ``B_s (dt_s x_s)^T``,
+    ``s <= t``, and ``L_t`` a sum of the clean readouts ``C_r g_r^T``, ``r >=
+    t``, each decayed by the run's and the clean run's gates between; so
+    ``h_t . L_t`` is a sum over pairs ``s <= t <= r`` of ``(B_s . C_r)(dt_s x_s
+    . g_r)`` times those decays. Within a chunk of ``chunk_size`` tokens the
+    pairs are a ``[chunk, chunk]`` matrix per head; across chunks the run's
+    state entering a chunk and the adjoint leaving it stand for the pairs that
+    reach outside it. The cost is a few matrix products per chunk, against the
+    state after every token of both runs and the adjoint (three ``[seq,
+    heads, state_dim, head_dim]`` tensors) that the product takes otherwise.
+    Every exponent is a later cumulative log decay less an earlier one.
+    """
+    batch, seq, heads, _ = head_output_gradients.shape
+    length = -(-seq // chunk_size) * chunk_size
+
+    def chunked(tensor: Tensor) -> Tensor:
+        """[batch, seq, ...] padded with zeros to whole chunks (no decay, no write, no read), as [batch, chunks, chunk, ...]."""
+        padded = F.pad(tensor.float(), (0, 0) * (tensor.dim() - 2) + (0, length - seq))
+        return padded.reshape(batch, length // chunk_size, chunk_size, *tensor.shape[2:])
+
+    def per_head(keys: Tensor) -> Tensor:
+        """A group's B or C for each of its heads, as [batch, chunks, heads, chunk, state_dim]."""
+        return chunked(keys).repeat_interleave(heads // keys.shape[2], dim=3).transpose(2, 3)
+
+    def by_head(tensor: Tensor) -> Tensor:
+        """[batch, seq, heads, ...] as [batch, chunks, heads, chunk, ...]."""
+        return chunked(tensor).transpose(2, 3)
+
+    reading, gradients = per_head(clean.C), by_head(head_output_gradients)
+    held = by_head(clean.log_decay).cumsum(-1)  # [batch, chunks, heads, chunk]: log decay from the chunk's start
+    # later[i, r]: what the clean gates keep from r back to i, for r >= i
+    later = _decays(held.unsqueeze(-2) - held.unsqueeze(-1), upper=True)
+    to_end = (held[..., -1:] - held).exp()
+    # the adjoint leaving each chunk: L just after it, decayed to its last token
+    leaving = reading.new_zeros(batch, length // chunk_size, heads, reading.shape[-1], gradients.shape[-1])
+    from_chunk = (reading * held.exp().unsqueeze(-1)).transpose(-1, -2) @ gradients
+    for chunk in reversed(range(leaving.shape[1] - 1)):
+        leaving[:, chunk] = from_chunk[:, chunk + 1] + held[:, chunk + 1, :, -1, None, None].exp() * leaving[:, chunk + 1]
+
+    def paired(run: ScanRun) -> Tensor:
+        keys, written = per_head(run.B), by_head(run.written)
+        kept = by_head(run.log_decay).cumsum(-1)
+        # earlier[i, s]: what this run's gates keep from s to i, for s <= i
+        earlier = _decays(kept.unsqueeze(-1) - kept.unsqueeze(-2), upper=False)
+        since_start = kept.exp()
+        into = (keys * (kept[..., -1:] - kept).exp().unsqueeze(-1)).transpose(-1, -2) @ written
+        entering = torch.empty_like(leaving)
+        entering[:, 0] = run.entering.float()
+        for chunk in range(1, entering.shape[1]):
+            entering[:, chunk] = into[:, chunk - 1] + kept[:, chunk - 1, :, -1, None, None].exp() * entering[:, chunk - 1]
+        pairs = (reading @ keys.transpose(-1, -2)) * (gradients @ written.transpose(-1, -2))  # [r, s]
+        within = ((later @ pairs) * earlier).sum(-1)
+        read_entering = ((entering @ gradients.transpose(-1, -2)) * reading.transpose(-1, -2)).sum(-2)  # [r]
+        written_leaving = ((leaving @ written.transpose(-1, -2)) * keys.transpose(-1, -2)).sum(-2)  # [s]
+        both = (entering * leaving).sum((-2, -1)).unsqueeze(-1)
+        total = (
+            within
+            + since_start * (later @ read_entering.unsqueeze(-1)).squeeze(-1)
+            + to_end * (earlier @ written_leaving.unsqueeze(-1)).squeeze(-1)
+            + since_start * to_end * both
+        )
+        return total.transpose(2, 3).reshape(batch, length, heads)[:, :seq]
+
+    return paired(corrupt) - paired(clean)
+
+
+def _decays(exponents: Tensor, upper: bool) -> Tensor:
+    """``exp`` of ``exponents`` [..., chunk, chunk] on and above (``upper``) or below the diagonal, zero elsewhere."""
+    size = exponents.shape[-1]
+    kept = torch.ones(size, size, dtype=torch.bool, device=exponents.device)
+    kept = kept.triu() if upper else kept.tril()
+    return exponents.masked_fill(~kept, float("-inf")).exp()

@@ -21,7 +21,7 @@ from nnterp.order import standard_path
 from nnterp.positions import Positions
 from nnterp.value_paths import resolve
 
-from .gradients import ssd_state_gradients
+from .gradients import ScanRun, ssd_state_gradients, ssd_state_patch_estimates
 from .mixing import ssd_mixing, ssd_readout
 from .trajectory import ssd_states, step_sizes
 
@@ -406,6 +406,31 @@ class StateSpace(RecurrentMixer):
     def state_gradients(cls, inputs: tuple[torch.Tensor, ...], head_output_gradients: torch.Tensor) -> SSDStates:
         """The scan's adjoint (``ssd_state_gradients``) from ``state_gradient_inputs``."""
         return ssd_state_gradients(*inputs, head_output_gradients)
+
+    def state_patch_inputs(self) -> tuple[torch.Tensor, ...]:
+        """The call's log decays, B, C, writes ``dt x`` and entering state (``gradients.ScanRun``), float32, detached.
+
+        Detached one by one: a ``torch.no_grad()`` block here would hold while
+        the forward runs on to the arguments it waits for.
+        """
+        dt_bias, A, dt_limit = (value.detach() if torch.is_tensor(value) else value for value in self._gate_inputs())
+        x, dt, B, C = (self._scan_argument(name).detach() for name in ("hidden_states", "dt", "B", "C"))
+        step = step_sizes(dt, dt_bias, bool(self.argument("dt_softplus")), dt_limit)
+        entering = self.entering_state()
+        batch, _, heads, head_dim = x.shape
+        entering = (
+            torch.zeros(batch, heads, B.shape[-1], head_dim, device=x.device)
+            if entering is None
+            else entering.detach().transpose(-1, -2).float()
+        )
+        return ScanRun(step * A.float(), B.float(), C.float(), x.float() * step.unsqueeze(-1), entering)
+
+    @classmethod
+    def state_patch_estimates(
+        cls, clean: tuple[torch.Tensor, ...], corrupt: tuple[torch.Tensor, ...], head_output_gradients: torch.Tensor
+    ) -> torch.Tensor:
+        """The patch estimate in chunks (``ssd_state_patch_estimates``), forming no state per token."""
+        return ssd_state_patch_estimates(ScanRun(*clean), ScanRun(*corrupt), head_output_gradients)
 
     def mixing_from_arguments(self, rows: torch.Tensor, heads: torch.Tensor) -> TokenMixing:
         """The SSD matrix of this call at ``rows`` and ``heads`` and the rest of y (``ssd_mixing``), float32.

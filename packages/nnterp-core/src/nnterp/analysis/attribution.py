@@ -17,8 +17,9 @@ have it (a hybrid's ``linear_attn`` and ``self_attn`` apart):
   heads]``: ``(corrupt - clean) . dM/dS_t`` summed over a head's state. Patching the state after
   ``t`` (``set_state_after``) moves the metric through the head outputs at ``t`` and later, so its
   gradient is the recurrence's adjoint (``RecurrentMixer.state_gradients``), run backwards from
-  the gradient of the head outputs; both runs' states come from their kernel calls'
-  arguments (``state_trajectory``), so nothing needs routing.
+  the gradient of the head outputs. Both runs' inputs come from their kernel calls' arguments
+  (``RecurrentMixer.state_patch_inputs``), so nothing needs routing; on Mamba-2 the product is
+  taken in chunks without forming a state per token (``RecurrentMixer.state_patch_estimates``).
 
 The clean run's backward runs through each recurrent mixer as its kind says
 (``RecurrentMixer.backward_through_adjoint``): on Mamba-1, through the scan's adjoint rather than
@@ -40,18 +41,20 @@ from torch import Tensor
 from ..availability import Unavailable
 from .blocks import block_indices, known, mixers, token_ids
 
-#: What ``attribution_patch`` estimates, in the order a block's forward makes them, and how many trailing axes each
-#: estimate sums over (the width a patch moves together).
-ESTIMATED = {
-    "self_attn.attention_head_outputs": 1,
-    "self_attn.attention_output": 1,
-    "linear_attn.states": 2,
-    "linear_attn.attention_head_outputs": 1,
-    "linear_attn.attention_output": 1,
-    "mlp.mlp_neurons": 0,
-    "mlp.mlp_output": 1,
-    "layer_output": 1,
-}
+#: What ``attribution_patch`` estimates, in the order a block's forward makes them.
+ESTIMATED = (
+    "self_attn.attention_head_outputs",
+    "self_attn.attention_output",
+    "linear_attn.states",
+    "linear_attn.attention_head_outputs",
+    "linear_attn.attention_output",
+    "mlp.mlp_neurons",
+    "mlp.mlp_output",
+    "layer_output",
+)
+#: Values estimated per element; every other sums over its last axis (a head's or the stream's width, which a patch
+#: moves together), and a state as its kind says (``RecurrentMixer.state_patch_estimates``).
+PER_ELEMENT = ("mlp.mlp_neurons",)
 #: The recurrent state after each token, estimated through the adjoint of its recurrence.
 STATES = "linear_attn.states"
 
@@ -117,15 +120,16 @@ def attribution_patch(
         )
     metric = metric or top_log_probability
 
-    corrupted: list[Tensor] = []
+    corrupted: list[Any] = []
     with torch.no_grad(), model.trace(corrupt_ids):
         for _, value, owner in places:
-            served = getattr(owner, _served_name(value))
-            # a served tensor can be the model's own, which a later write would change; a trajectory is computed anew
-            corrupted.append((served if value == STATES else served.clone()).save())
-    activations: list[Tensor] = []
+            if value == STATES:
+                corrupted.append([tensor.save() for tensor in owner.state_patch_inputs()])
+            else:
+                # a served tensor can be the model's own, which a later write would change
+                corrupted.append(getattr(owner, value.rpartition(".")[2]).clone().save())
+    activations: list[Any] = []
     gradients: list[Tensor] = []
-    adjoint_inputs: dict[int, list[Tensor]] = {}
     names: dict[int, str] = {}
     recurrent = {block.layer: block.recurrent for block in mixers(model) if block.recurrent is not None}
     try:
@@ -135,16 +139,14 @@ def attribution_patch(
                 # every mixer the metric's gradient runs back through, chosen or not
                 if layer in recurrent:
                     recurrent[layer].backward_through_adjoint()
-                for index, (place_layer, value, owner) in enumerate(places):
+                for place_layer, value, owner in places:
                     if place_layer != layer:
                         continue
                     if value == STATES:
-                        # the arguments first: the call records them as it starts
-                        adjoint_inputs[index] = [tensor.save() for tensor in owner.state_gradient_inputs()]
-                        activations.append(owner.state_trajectory.save())
+                        activations.append([tensor.save() for tensor in owner.state_patch_inputs()])
                         served.append(owner.attention_head_outputs)
                     else:
-                        served.append(getattr(owner, _served_name(value)))
+                        served.append(getattr(owner, value.rpartition(".")[2]))
                         activations.append(served[-1].detach().clone().save())
                     names[id(served[-1])] = f"layers[{layer}] {value}"
             measured = metric(model.logits)
@@ -160,20 +162,14 @@ def attribution_patch(
         ) from None
     gradients.reverse()
     estimates: dict[str, list[tuple[int, Tensor]]] = {value: [] for value in values}
-    for index, ((layer, value, owner), after, before, gradient) in enumerate(
-        zip(places, corrupted, activations, gradients, strict=True)
-    ):
+    for (layer, value, owner), after, before, gradient in zip(places, corrupted, activations, gradients, strict=True):
         if value == STATES:
-            gradient = type(owner).state_gradients(tuple(adjoint_inputs[index]), gradient)
-        # the corrupt run's copy is this function's own: the difference goes in place, sparing a state-sized copy
+            estimates[value].append((layer, type(owner).state_patch_estimates(tuple(before), tuple(after), gradient)[0]))
+            continue
+        # the corrupt run's copy is this function's own: the difference goes in place
         patch = after.sub_(before.detach())
-        # a state is summed over everything of a head's: its rows and columns, or a channel's state
-        trailing = ESTIMATED[value] if value != STATES else patch.dim() - 3
         gradient = gradient.to(patch.dtype)
-        if trailing:
-            summed = torch.einsum("...i,...i->...", patch.flatten(-trailing), gradient.flatten(-trailing))
-        else:
-            summed = patch * gradient
+        summed = patch * gradient if value in PER_ELEMENT else torch.einsum("...i,...i->...", patch, gradient)
         estimates[value].append((layer, summed[0]))
     return {
         value: Estimate(tuple(layer for layer, _ in parts), torch.stack([part for _, part in parts]).float())

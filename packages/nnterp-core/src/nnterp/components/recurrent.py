@@ -386,6 +386,41 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         """
         raise NotImplementedError(f"{cls.__name__} declares no state_gradients")
 
+    def state_patch_inputs(self) -> tuple[torch.Tensor, ...]:
+        """Inside a trace: what ``state_patch_estimates`` needs from one run of this call (save each).
+
+        By default the call's ``state_gradient_inputs`` and its states after
+        every token (``state_trajectory``); a kind that estimates a patch
+        without forming every state reads less. Read it with the call's other
+        values, in forward order.
+
+        Raises:
+            nnterp.Unavailable: the kind declares no gradient of its states.
+        """
+        return (*self.state_gradient_inputs(), self.state_trajectory)
+
+    @classmethod
+    def state_patch_estimates(
+        cls, clean: tuple[torch.Tensor, ...], corrupt: tuple[torch.Tensor, ...], head_output_gradients: torch.Tensor
+    ) -> torch.Tensor:
+        """How patching the corrupt run's state after each token into the clean run moves a metric, to first order.
+
+        ``(corrupt S_t - clean S_t) . dM/dS_t`` per token and head, [batch,
+        seq, heads], float32: ``clean`` and ``corrupt`` come from
+        ``state_patch_inputs`` on the two runs, ``head_output_gradients`` is
+        the metric's gradient with respect to the clean run's
+        ``attention_head_outputs``. By default the adjoint
+        (``state_gradients``) times the difference of the two trajectories,
+        summed over each head's state.
+        """
+        gradients = cls.state_gradients(clean[:-1], head_output_gradients).flatten(3)
+
+        def along(states: torch.Tensor) -> torch.Tensor:
+            return torch.einsum("...i,...i->...", states.flatten(3).to(gradients.dtype), gradients)
+
+        # two products rather than one of a difference: no state-sized tensor besides the adjoint
+        return along(corrupt[-1]) - along(clean[-1])
+
     @classmethod
     def declares_state_gradients(cls) -> bool:
         """Whether the kind says how its states' gradient runs back through its recurrence (``state_gradients``)."""
