@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import nnterp_mamba.selective_scan
 import pytest
 import torch
 
@@ -98,6 +99,23 @@ def test_knockout_sharing_the_start_equals_knocking_out_in_whole_runs(model):
     for change, alone, position in zip(shared, knocked, positions, strict=True):
         torch.testing.assert_close(change, (alone - clean)[0].float(), rtol=1e-4, atol=1e-5, msg=f"position {position}")
         assert change[position + 1 :].abs().max() > 1e-6, f"knocking out {position} changed no later token"
+
+
+def test_knockout_runs_each_mamba_scan_from_its_arguments(monkeypatch):
+    """Every knocked run's Mamba-1 scans, the whole prompt's and the continued ones, are computed from their arguments
+    (``run_from_arguments``), not by transformers' loop; what they give is checked against the loop above."""
+    model = mild_decays(tiny_standardized("mamba"))
+    computed = []
+    outputs = nnterp_mamba.selective_scan.selective_scan_outputs
+
+    def counted(*args, **kwargs):
+        computed.append(args[-1] is not None)  # whether it continues from an entering state
+        return outputs(*args, **kwargs)
+
+    monkeypatch.setattr(nnterp_mamba.selective_scan, "selective_scan_outputs", counted)
+    knockout(model, PROMPT, [0, 9, 14], batch_size=2)
+    blocks = len(model.layers)
+    assert computed == [False] * blocks + [True] * blocks, "a knocked run's scan ran transformers' loop"
 
 
 def test_a_prompt_run_in_segments_and_continued_equals_the_whole_prompt(model):

@@ -8,7 +8,8 @@ import torch
 from transformers.models.mamba import modeling_mamba
 
 from nnterp.testing.recurrent import POSITION_IDS, POSITIONS, check_positions, close_relative
-from nnterp_mamba.trajectory import entering_contribution, selective_scan_states
+from nnterp_mamba import trajectory
+from nnterp_mamba.trajectory import entering_contribution, selective_scan_outputs, selective_scan_states
 
 # The pure-torch bodies, past the hub dispatcher (which would pick mamba_ssm's compiled kernels if installed).
 STATE_UPDATE = inspect.unwrap(modeling_mamba.mamba_selective_state_update)
@@ -141,3 +142,34 @@ def test_entering_contribution_is_the_decayed_states_readout_and_its_gradient():
     wanted = torch.autograd.grad(list(expected), arguments, weights)
     for name, ours, reference in zip(("dt", "A", "C", "state"), got, wanted, strict=True):
         torch.testing.assert_close(ours, reference, msg=f"the gradient of {name}")
+
+
+def token_loop_outputs(x, dt, A, B, C, D, z, state, dt_bias):
+    """The gated outputs and the last state of transformers' one-token update applied token after token."""
+    buffer = torch.zeros(BATCH, CHANNELS, STATE_DIM) if state is None else state.clone()
+    outputs = [
+        STATE_UPDATE(buffer, x[..., t], dt[..., t], A, B[..., t], C[..., t], D, z=z[..., t], dt_bias=dt_bias, dt_softplus=True)
+        for t in range(x.shape[-1])
+    ]
+    return torch.stack(outputs, dim=-1), buffer
+
+
+@pytest.mark.parametrize("block_bytes", [BATCH * CHANNELS * STATE_DIM * 4 * 7, trajectory.BLOCK_BYTES])
+@pytest.mark.parametrize("with_state", [False, True], ids=["fresh", "over_state"])
+def test_scan_outputs_are_the_kernels_gated_outputs_and_last_state(with_state, block_bytes, monkeypatch):
+    """In blocks of 7 tokens or in one, from zeros as the kernel starts or continuing from a state as a decode step
+    does: the kernel's own loop from zeros, and transformers' one-token update token after token."""
+    monkeypatch.setattr(trajectory, "BLOCK_BYTES", block_bytes)
+    x, dt, A, B, state, dt_bias = inputs(with_state=with_state, seed=7)
+    generator = torch.Generator().manual_seed(8)
+    C, z = torch.randn(B.shape, generator=generator), torch.randn(x.shape, generator=generator)
+    D = torch.randn(CHANNELS, generator=generator)
+    outputs, last = selective_scan_outputs(x, dt, A, B, C, D, z, state, dt_bias=dt_bias, softplus=True)
+    assert outputs.shape == x.shape and last.shape == (BATCH, CHANNELS, STATE_DIM)
+    expected_outputs, expected_last = token_loop_outputs(x, dt, A, B, C, D, z, state, dt_bias)
+    close_relative(outputs, expected_outputs)
+    close_relative(last, expected_last)
+    if state is None:
+        kernels = SCAN(x, dt, A, B, C, D, z=z, delta_bias=dt_bias, delta_softplus=True, return_last_state=True)
+        close_relative(outputs, kernels[0])
+        close_relative(last, kernels[1])

@@ -21,7 +21,7 @@ from nnterp.positions import Positions
 
 from .gradients import SelectiveScanAdjoint
 from .mixing import selective_scan_mixing, selective_scan_readout
-from .trajectory import entering_contribution, selective_scan_states
+from .trajectory import entering_contribution, selective_scan_outputs, selective_scan_states
 
 NO_FINAL_STATE = (
     "this prompt ran without a cache (use_cache=False), so the scan returns no final state; trace with "
@@ -324,6 +324,21 @@ class SelectiveScan(RecurrentMixer):
             softplus=bool(self.argument("dt_softplus")),
         )
         return outputs.transpose(1, 2), final
+
+    def run_from_arguments(self, entering: torch.Tensor | None = None) -> bool:
+        """The scan from its arguments and ``entering`` (``trajectory.selective_scan_outputs``), in place of the
+        pure-torch kernel, on a prompt without gradients."""
+        if self.decoding() or torch.is_grad_enabled() or self.segmented() or needs_torch_kernels(self) is not None:
+            return False
+        names = ("hidden_states", "dt", "A", "B", "C", "D", "z")
+        output, last_state = selective_scan_outputs(
+            *(self.argument(name) for name in names),
+            entering,
+            dt_bias=self.argument("dt_bias"),
+            softplus=bool(self.argument("dt_softplus")),
+        )
+        self.skip_call((output, last_state) if self.argument("return_last_state") else output)
+        return True
 
     def backward_through_adjoint(self) -> None:
         """The scan's backward through its adjoint (``gradients.SelectiveScanAdjoint``), on a prompt's pure-torch scan.

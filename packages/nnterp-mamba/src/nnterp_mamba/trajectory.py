@@ -179,3 +179,61 @@ def entering_contribution(
         readouts.append(decayed.mul_(reading[:, :, start : start + block]).sum(-1))
     final = torch.exp(elapsed[..., -1, None] * A.float()) * state.float()
     return torch.cat(readouts, dim=-1), final
+
+
+#: How much of the decays (and then states) ``selective_scan_outputs`` makes at once: a block that stays in a CPU's
+#: cache from its ``exp`` to its readout.
+BLOCK_BYTES = 1 << 20
+
+
+def selective_scan_outputs(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None,
+    z: Tensor | None,
+    initial_state: Tensor | None = None,
+    *,
+    dt_bias: Tensor | None = None,
+    softplus: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """What ``mamba_selective_scan`` returns, ``(silu(z)-gated y [batch, channels, seq], last state)``, from ``initial_state``.
+
+    The arguments are the scan's, as ``selective_scan_states`` takes them,
+    with ``C`` ``[batch, state_dim, seq]``, ``D`` ``[channels]`` and ``z``
+    ``[batch, channels, seq]``; ``initial_state`` ``[batch, channels,
+    state_dim]`` is the state the scan continues from (``None``: zeros, as
+    the kernel starts). y has ``x``'s dtype, the last state float32. Without
+    gradients. The same token loop as transformers' pure-torch scan, in
+    blocks of tokens whose decays, writes and states stay within
+    ``BLOCK_BYTES``, laid out token by token (each token's one contiguous
+    ``[batch, channels, state_dim]`` slice, the block's states written over
+    its decays). transformers' loop makes the prompt's decays and writes
+    whole and slices them along their token axis, a strided read of a
+    state's size per token: 16 rows of 192 tokens of Mamba-1's 1536 channels
+    take it 0.77 s here, this 0.13 s. Equal to it to float32 rounding.
+    """
+    batch, channels, seq = x.shape
+    block = max(1, BLOCK_BYTES // (batch * channels * A.shape[-1] * 4))
+    step = step_sizes(dt, dt_bias, softplus).transpose(1, 2)  # [batch, seq, channels]
+    written = step * x.float().transpose(1, 2)
+    rate, keys, reading = A.float(), B.float().transpose(1, 2), C.float().transpose(1, 2)  # [batch, seq, state_dim]
+    state = x.new_zeros(batch, channels, A.shape[-1], dtype=torch.float32)
+    if initial_state is not None:
+        state.copy_(initial_state)
+    outputs = x.new_empty(batch, seq, channels, dtype=torch.float32)
+    for start in range(0, seq, block):
+        stop = min(seq, start + block)
+        states = torch.exp(step[:, start:stop, :, None] * rate)  # the block's decays, then its states
+        writes = written[:, start:stop, :, None] * keys[:, start:stop, None, :]
+        for offset in range(stop - start):
+            states[:, offset] = state.mul_(states[:, offset]).add_(writes[:, offset])
+        torch.matmul(states, reading[:, start:stop, :, None], out=outputs[:, start:stop, :, None])
+    y = outputs.transpose(1, 2)
+    if D is not None:
+        y = y + D.float()[:, None] * x.float()
+    if z is not None:
+        y = y * F.silu(z.float())
+    return y.to(x.dtype), state

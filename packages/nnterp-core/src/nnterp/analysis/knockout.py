@@ -16,6 +16,7 @@ own key masked its first token would read nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -121,7 +122,10 @@ def knockout(
     position left (``continuation``), the logits before it being the
     prompt's own. Where a model cannot continue a prompt from its cache, each
     row runs the whole prompt. A chunk scan runs in chunks of at most
-    ``TORCH_SCAN_CHUNK`` tokens, the fastest on its pure-torch path.
+    ``TORCH_SCAN_CHUNK`` tokens, the fastest on its pure-torch path, and a
+    mixer whose kind computes its call from the arguments faster than its
+    pure-torch kernel does so (``RecurrentMixer.run_from_arguments``: Mamba-1's
+    scan, continuing from the cached state itself). Without gradients.
 
     With ``max_new_tokens``, each run is a greedy ``generate`` over the whole
     prompt, knocking out on every step, and ``metric`` gets each step's
@@ -133,7 +137,7 @@ def knockout(
     layers = None if layers is None else [block.layer for block in mixers(model, layers)]
     every = mixers(model)
     # knock_out reads the keys inside the kernel, so a chunk scan runs transformers' pure-torch one
-    with ChunkBoundaries.fitted(recurrent_mixers(every), seq, TORCH_SCAN_CHUNK):
+    with torch.no_grad(), ChunkBoundaries.fitted(recurrent_mixers(every), seq, TORCH_SCAN_CHUNK):
         shared = None
         if not max_new_tokens and continues_several_tokens(every):
             shared = _knockout_sharing_the_start(model, ids, knocked, layers, metric, batch_size)
@@ -174,9 +178,34 @@ def _knocked_run(
     model: Any, ids: torch.Tensor, rows: list[int], layers: list[int] | None, metric: Metric, max_new_tokens: int = 0
 ) -> torch.Tensor:
     """``metric`` of a run of the whole prompt once per row, each knocking out its own position (``metric_of_run``)."""
-    return metric_of_run(
-        model, ids.expand(len(rows), -1), metric, max_new_tokens, lambda: knock_out(model, rows, layers)
+    every = mixers(model)
+    knocked_layers = {block.layer for block in mixers(model, layers)}
+    intervene = (
+        partial(knock_out, model, rows, layers)
+        if max_new_tokens
+        else partial(_knock_out_block_by_block, model, rows, knocked_layers, every)
     )
+    return metric_of_run(model, ids.expand(len(rows), -1), metric, max_new_tokens, intervene)
+
+
+def _knock_out_block_by_block(
+    model: Any, rows: list[int], knocked_layers: set[int], every: list[Mixers], prefix: Prefix | None = None
+) -> None:
+    """Inside a prompt's trace, block by block in forward order: knock out each row's position in ``knocked_layers``,
+    then run each recurrent mixer from its arguments where its kind can (``RecurrentMixer.run_from_arguments``),
+    from ``prefix``'s state when the trace continues it, or else continue it from ``prefix``."""
+    start = 0 if prefix is None else prefix.length
+    for block in every:
+        # a knocked key is an argument of the call it continues
+        if block.layer in knocked_layers:
+            knock_out(model, rows, [block.layer], start=start)
+        entering = None if prefix is None else prefix.states.get(block.layer)
+        if entering is not None:
+            entering = entering.expand(len(rows), *entering.shape[1:])
+        if block.recurrent is not None and block.recurrent.run_from_arguments(entering):
+            continue
+        if prefix is not None:
+            continue_mixers(prefix, [block], len(rows))
 
 
 def _continued_knocked_run(
@@ -199,11 +228,7 @@ def _continued_knocked_run(
         ChunkBoundaries.fitted(recurrent_mixers(every), seq - start),
         model.trace(ids[:, start:].expand(len(rows), -1), **inputs),
     ):
-        # block by block, in forward order: a knocked key is an argument of the call it continues
-        for block in every:
-            if block.layer in knocked_layers:
-                knock_out(model, rows, [block.layer], start=start)
-            continue_mixers(prefix, [block], len(rows))
+        _knock_out_block_by_block(model, rows, knocked_layers, every, prefix)
         before = clean_logits[:, :start].expand(len(rows), -1, -1)
         read.append(metric(torch.cat([before.to(model.logits.device), model.logits], dim=1)).float().save())
     return read[0]

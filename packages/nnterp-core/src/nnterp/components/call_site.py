@@ -662,6 +662,11 @@ class CallSite:
         state = self.argument(ENTERING_STATE, arguments)
         return None if state is None else state.clone()
 
+    def skip_call(self, output: Any) -> None:
+        """Inside a trace, once the call's arguments are read: skip the kernel call that fires, ``output`` returned in
+        its place."""
+        self._call_operation().skip(output)
+
     def _call_operation(self) -> Any:
         """The operation envoy of the kernel call that fires on this call of the mixer."""
         node: Any = self
