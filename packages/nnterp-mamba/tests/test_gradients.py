@@ -61,10 +61,11 @@ def test_the_state_gradients_are_the_adjoint_recurrence():
     for t in range(40):
         state = log_decay[:, :, t].exp() * state + (step * x)[:, :, t, None] * B[:, None, :, t] + perturbations[:, t]
         outputs.append((state * C[:, None, :, t]).sum(-1))
-    weights = torch.randn(BATCH, CHANNELS, 40, dtype=torch.float64)
+    weights = torch.randn(BATCH, CHANNELS, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     (expected,) = torch.autograd.grad((torch.stack(outputs, -1) * weights).sum(), perturbations)
-    found = gradients.selective_scan_state_gradients(log_decay, C, weights)
-    torch.testing.assert_close(found, expected.float(), rtol=1e-5, atol=1e-6)
+    found = gradients.selective_scan_state_gradients(log_decay.transpose(1, 2), C, weights)
+    # float32 arithmetic against float64: within rounding of the largest gradient
+    torch.testing.assert_close(found, expected.float(), rtol=1e-5, atol=1e-6 * float(expected.abs().max()))
 
 
 def test_attribution_routes_every_mixers_backward_through_the_adjoint(monkeypatch):

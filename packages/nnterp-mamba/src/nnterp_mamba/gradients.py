@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .trajectory import selective_scan_states, step_sizes
@@ -34,19 +35,19 @@ from .trajectory import selective_scan_states, step_sizes
 def selective_scan_state_gradients(log_decay: Tensor, C: Tensor, head_output_gradients: Tensor) -> Tensor:
     """The gradient with respect to the state after each token, ``[batch, seq, channels, state_dim]``, float32.
 
-    ``log_decay`` is ``dt_t A`` per channel, token and state dimension, ``[batch, channels, seq,
+    ``log_decay`` is ``dt_t A`` per token, channel and state dimension, ``[batch, seq, channels,
     state_dim]``; ``C`` the scan's ``[batch, state_dim, seq]``; ``head_output_gradients`` the
     gradient with respect to its output ``y``, ``[batch, channels, seq]``. One step per token,
-    backwards, each written in place into its slot.
+    backwards, each written in place into its slot; every token's decays and slot are one
+    contiguous slice.
     """
     batch, channels, seq = head_output_gradients.shape
-    reading, gradients = C.float(), head_output_gradients.float()
+    reading, gradients = C.float().transpose(1, 2), head_output_gradients.float().transpose(1, 2)
+    decays = log_decay.float().exp()
     result = torch.empty(batch, seq, channels, C.shape[1], device=gradients.device)
-    for t in reversed(range(seq)):
-        running = result[:, t]
-        torch.mul(reading[:, None, :, t], gradients[:, :, t, None], out=running)
-        if t + 1 < seq:
-            running.addcmul_(result[:, t + 1], log_decay[:, :, t + 1].exp())
+    torch.mul(gradients[..., None], reading[:, :, None], out=result)  # each token's own readout
+    for t in reversed(range(seq - 1)):
+        result[:, t].addcmul_(result[:, t + 1], decays[:, t + 1])
     return result
 
 
@@ -57,7 +58,8 @@ class SelectiveScanAdjoint(torch.autograd.Function):
     kernel's arguments as it takes them (channel-first, ``dt`` before its
     bias); the kernel starts from zeros, and so does its adjoint. Added to the
     kernel's own ``y`` detached, it leaves the value as the kernel computed it
-    and routes the gradient through the adjoint.
+    and routes the gradient through the adjoint. Tokens come first in what it
+    computes, so each token's slice is contiguous.
     """
 
     @staticmethod
@@ -68,28 +70,31 @@ class SelectiveScanAdjoint(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, output_gradients: Tensor) -> tuple[Tensor | None, ...]:
-        arguments = ctx.saved_tensors
-        x, dt, A, B, C, _, dt_bias = arguments
+        x, dt, A, B, C, D, dt_bias = ctx.saved_tensors
         states = selective_scan_states(x, dt, A, B, dt_bias=dt_bias, softplus=ctx.softplus, dtype=torch.float32)
-        states = states.transpose(1, 2)  # [batch, channels, seq, state_dim]
-        before = torch.nn.functional.pad(states[:, :, :-1], (0, 0, 1, 0))
-        leaves = [None if tensor is None else tensor.detach().requires_grad_() for tensor in arguments]
-        x, dt, A, B, C, D, dt_bias = leaves
+        before = F.pad(states[:, :-1], (0, 0, 0, 0, 1, 0))  # [batch, seq, channels, state_dim], zeros first
         with torch.enable_grad():
-            step = step_sizes(dt, dt_bias, ctx.softplus)  # [batch, channels, seq]
-            log_decay = step[..., None] * A.float()[:, None, :]
-            adjoint = selective_scan_state_gradients(log_decay.detach(), C, output_gradients).transpose(1, 2)
-            written = (step * x.float())[..., None] * B.float().transpose(1, 2)[:, None]
-            # y = C . h + D x: the state's own readout, with h held at its value
-            readout = torch.einsum("bctn,bnt->bct", states, C.float())
-            if D is not None:
-                readout = readout + D.float()[:, None] * x.float()
-            surrogate = (
-                (log_decay.exp() * adjoint * before).sum()
-                + (written * adjoint).sum()
-                + (readout * output_gradients.float()).sum()
-            )
-        wanted = [tensor for tensor in leaves if tensor is not None]
-        found = iter(torch.autograd.grad(surrogate, wanted, allow_unused=True))
-        gradients = [None if tensor is None else next(found) for tensor in leaves]
-        return (*gradients, None)
+            leaves = [dt.detach().requires_grad_(), None if dt_bias is None else dt_bias.detach().requires_grad_()]
+            step = step_sizes(*leaves, ctx.softplus)  # [batch, channels, seq]
+        rate, written = A.float(), step.detach() * x.float()  # [channels, state_dim], [batch, channels, seq]
+        keys, reading, gradients = B.float(), C.float(), output_gradients.float()
+        log_decay = step.detach().transpose(1, 2)[..., None] * rate  # [batch, seq, channels, state_dim]
+        adjoint = selective_scan_state_gradients(log_decay, C, gradients)
+        # h_t = exp(log_decay_t) h_{t-1} + (dt x)_t B_t: the gradient of log_decay_t is the decayed state's
+        of_log_decay = log_decay.exp_().mul_(before).mul_(adjoint)
+        of_written = torch.einsum("btcn,bnt->bct", adjoint, keys)
+        of_step = torch.einsum("btcn,cn->bct", of_log_decay, rate) + of_written * x.float()
+        # y = C . h + D x
+        of_x = of_written * step.detach() + (0 if D is None else gradients * D.float()[:, None])
+        of_A = torch.einsum("btcn,bct->cn", of_log_decay, step.detach())
+        of_B = torch.einsum("btcn,bct->bnt", adjoint, written)
+        of_C = torch.einsum("btcn,bct->bnt", states, gradients)
+        of_D = None if D is None else (gradients * x.float()).sum((0, 2))
+        wanted = [leaf for leaf in leaves if leaf is not None]
+        found = iter(torch.autograd.grad(step, wanted, of_step))
+        of_dt, of_dt_bias = (None if leaf is None else next(found) for leaf in leaves)
+        computed = (of_x, of_dt, of_A, of_B, of_C, of_D, of_dt_bias)
+        return (
+            *(None if value is None else value.to(argument.dtype) for value, argument in zip(computed, ctx.saved_tensors)),
+            None,
+        )
