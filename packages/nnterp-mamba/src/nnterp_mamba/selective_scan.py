@@ -19,9 +19,9 @@ from nnterp.layouts import CHANNELS, ScanDecays, ScanMixing, ScanQK, ScanState, 
 from nnterp.order import standard_path
 from nnterp.positions import Positions
 
-from .gradients import SelectiveScanAdjoint
+from .gradients import SelectiveScanAdjoint, selective_scan_state_gradients
 from .mixing import selective_scan_mixing, selective_scan_readout
-from .trajectory import entering_contribution, selective_scan_outputs, selective_scan_states
+from .trajectory import entering_contribution, selective_scan_outputs, selective_scan_states, step_sizes
 
 NO_FINAL_STATE = (
     "this prompt ran without a cache (use_cache=False), so the scan returns no final state; trace with "
@@ -340,22 +340,40 @@ class SelectiveScan(RecurrentMixer):
         self.skip_call((output, last_state) if self.argument("return_last_state") else output)
         return True
 
-    def backward_through_adjoint(self) -> None:
+    def backward_through_adjoint(self) -> torch.Tensor | None:
         """The scan's backward through its adjoint (``gradients.SelectiveScanAdjoint``), on a prompt's pure-torch scan.
 
         autograd's record of transformers' token loop differentiates each
         token's slice of the whole-prompt decays and writes separately, which
         is quadratic in the prompt; the adjoint is one backwards step per token.
-        ``attention_head_outputs`` keeps the kernel's value. A decode step's
-        update, and an optimized kernel, keep their own backward.
+        ``attention_head_outputs`` keeps the kernel's value, and the tensor
+        returned is the one the forward goes on with: unlike the served view,
+        it takes a gradient. A decode step's update, and an optimized kernel,
+        keep their own backward.
         """
         if self.decoding() or needs_torch_kernels(self) is not None:
-            return
+            return None
         adjoint = SelectiveScanAdjoint.apply(
             *(self.argument(name) for name in ("hidden_states", "dt", "A", "B", "C", "D", "dt_bias")),
             bool(self.argument("dt_softplus")),
         )
-        self.attention_head_outputs = self.attention_head_outputs.detach() + adjoint.transpose(1, 2)
+        routed = self.attention_head_outputs.detach() + adjoint.transpose(1, 2)
+        self.attention_head_outputs = routed
+        return routed
+
+    def state_gradient_inputs(self) -> tuple[torch.Tensor, ...]:
+        """The call's log decay ``dt A`` per token, channel and state dimension, and its ``C``: what
+        ``state_gradients`` reads."""
+        dt, C = self._sequence_arguments("dt", "C")
+        step = step_sizes(dt.detach(), self.argument("dt_bias"), bool(self.argument("dt_softplus")))
+        return step.transpose(1, 2)[..., None] * self.argument("A").detach().float(), C.detach()
+
+    @classmethod
+    def state_gradients(cls, inputs: tuple[torch.Tensor, ...], head_output_gradients: torch.Tensor) -> ScanStates:
+        """The scan's adjoint (``gradients.selective_scan_state_gradients``) from ``state_gradient_inputs`` and the
+        gradient of ``attention_head_outputs`` ([batch, seq, channels]), [batch, seq, channels, state_dim]."""
+        log_decay, C = inputs
+        return selective_scan_state_gradients(log_decay, C, head_output_gradients.transpose(1, 2))
 
     # -- token mixing ----------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from nnsight.intervention.interleaver import OutOfOrderError
 from torch import Tensor
 
@@ -57,6 +58,8 @@ ESTIMATED = (
 PER_ELEMENT = ("mlp.mlp_neurons",)
 #: The recurrent state after each token, estimated through the adjoint of its recurrence.
 STATES = "linear_attn.states"
+#: A recurrent mixer's head outputs, which the gradient of its states starts from.
+HEAD_OUTPUTS = "linear_attn.attention_head_outputs"
 
 
 class Estimate(NamedTuple):
@@ -95,7 +98,8 @@ def attribution_patch(
 
     Returns ``{value: Estimate}``: the blocks of ``layers`` (default: all)
     that have the value, and the estimate ``[blocks, seq, ...]`` as the
-    module says, float32. ``metric`` maps the clean run's logits ``[1, seq,
+    module says, float32 (NaN past a block's own width where blocks differ in
+    it: Gemma 4's MLP neurons). Both runs go without a cache. ``metric`` maps the clean run's logits ``[1, seq,
     vocab_size]`` to a scalar (default: the log-probability of the clean
     run's most likely next token). The prompts must have as many tokens.
 
@@ -121,7 +125,8 @@ def attribution_patch(
     metric = metric or top_log_probability
 
     corrupted: list[Any] = []
-    with torch.no_grad(), model.trace(corrupt_ids):
+    # without a cache: a forward that updates one in place (RWKV's) leaves autograd nothing to run back through
+    with torch.no_grad(), model.trace(corrupt_ids, use_cache=False):
         for _, value, owner in places:
             if value == STATES:
                 corrupted.append([tensor.save() for tensor in owner.state_patch_inputs()])
@@ -133,20 +138,21 @@ def attribution_patch(
     names: dict[int, str] = {}
     recurrent = {block.layer: block.recurrent for block in mixers(model) if block.recurrent is not None}
     try:
-        with model.trace(clean_ids):
+        with model.trace(clean_ids, use_cache=False):
             served = []
             for layer in sorted(recurrent.keys() | {place[0] for place in places}):
                 # every mixer the metric's gradient runs back through, chosen or not
-                if layer in recurrent:
-                    recurrent[layer].backward_through_adjoint()
+                routed = recurrent[layer].backward_through_adjoint() if layer in recurrent else None
                 for place_layer, value, owner in places:
                     if place_layer != layer:
                         continue
                     if value == STATES:
                         activations.append([tensor.save() for tensor in owner.state_patch_inputs()])
-                        served.append(owner.attention_head_outputs)
+                    if value in (STATES, HEAD_OUTPUTS) and routed is not None:
+                        served.append(routed)  # the head outputs the forward now goes on with, read once
                     else:
-                        served.append(getattr(owner, value.rpartition(".")[2]))
+                        served.append(getattr(owner, _served_name(value)))
+                    if value != STATES:
                         activations.append(served[-1].detach().clone().save())
                     names[id(served[-1])] = f"layers[{layer}] {value}"
             measured = metric(model.logits)
@@ -172,15 +178,27 @@ def attribution_patch(
         summed = patch * gradient if value in PER_ELEMENT else torch.einsum("...i,...i->...", patch, gradient)
         estimates[value].append((layer, summed[0]))
     return {
-        value: Estimate(tuple(layer for layer, _ in parts), torch.stack([part for _, part in parts]).float())
+        value: Estimate(tuple(layer for layer, _ in parts), _stacked([part for _, part in parts]))
         for value, parts in estimates.items()
     }
 
 
+def _stacked(parts: list[Tensor]) -> Tensor:
+    """The blocks' estimates as one float32 tensor, each padded with NaN to the widest (Gemma 4's MLPs are wider on
+    some blocks)."""
+    widest = [max(sizes) for sizes in zip(*(part.shape for part in parts), strict=True)]
+    padding = [[(0, most - size) for most, size in zip(widest, part.shape, strict=True)] for part in parts]
+    return torch.stack(
+        [
+            F.pad(part.float(), [side for pair in reversed(pads) for side in pair], value=float("nan"))
+            for part, pads in zip(parts, padding, strict=True)
+        ]
+    )
+
+
 def _served_name(value: str) -> str:
-    """The name ``value`` is read by on its owner: a state's is ``state_trajectory``, from the call's arguments."""
-    name = value.rpartition(".")[2]
-    return "state_trajectory" if value == STATES else name
+    """The name ``value`` is read by on its owner: a state's gradient starts from the head outputs'."""
+    return "attention_head_outputs" if value == STATES else value.rpartition(".")[2]
 
 
 def _owner(model: Any, layer: int, value: str) -> Any:
@@ -200,4 +218,4 @@ def _owner(model: Any, layer: int, value: str) -> Any:
             f"gradient runs back through its recurrence (RecurrentMixer.state_gradients); estimate its "
             f"attention_output, or patch its states exactly with set_state_after"
         )
-    return owner if owner.support().get(_served_name(value)) is None else None
+    return owner if owner.support().get("state_trajectory" if value == STATES else name) is None else None

@@ -12,11 +12,13 @@ if TYPE_CHECKING:
 
 
 class Mixers(NamedTuple):
-    """One block's sequence mixers under their standard names: its recurrent mixer and its attention, either ``None``."""
+    """One block's sequence mixers under their standard names: its recurrent mixer and its attention, either ``None``,
+    and whether the attention runs first where it has both (``Layer.ATTENTION_FIRST``)."""
 
     layer: int
     recurrent: "RecurrentMixer | None"
     attention: Any
+    attention_first: bool = False
 
 
 def mixers(model: Any, layers: Iterable[int] | None = None) -> list[Mixers]:
@@ -41,7 +43,7 @@ def mixers(model: Any, layers: Iterable[int] | None = None) -> list[Mixers]:
         block = model.layers[layer]
         recurrent, attention = getattr(block, "linear_attn", None), getattr(block, "self_attn", None)
         if recurrent is not None or attention is not None:
-            found.append(Mixers(layer, recurrent, attention))
+            found.append(Mixers(layer, recurrent, attention, getattr(type(block), "ATTENTION_FIRST", False)))
         elif layers is not None:
             raise ValueError(
                 f"layers[{layer}] has no sequence mixer (no linear_attn, no self_attn): nothing there reads earlier "

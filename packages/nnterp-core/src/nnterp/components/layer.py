@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -41,6 +41,10 @@ class Layer(Standard):
     (Doge's, ZAYA's, Beam's). ``stream_after_adding`` is each addition as the
     block computes it, whatever the block.
     """
+
+    #: Whether a block with both sequence mixers runs its attention (``self_attn``) before its recurrent mixer
+    #: (``linear_attn``): an analysis touching both does so in the forward's order.
+    ATTENTION_FIRST: ClassVar[bool] = False
 
     def stream_after_adding(self, index: int, stream: torch.Tensor, contribution: torch.Tensor) -> torch.Tensor:
         """The residual stream after the block's addition number ``index``, recomputed from its two operands.

@@ -292,7 +292,7 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         """
         return False
 
-    def backward_through_adjoint(self) -> None:
+    def backward_through_adjoint(self) -> torch.Tensor | None:
         """Inside a trace that takes gradients: route this call's backward through its recurrence's adjoint.
 
         The forward goes on with the kernel's own output; only the path the
@@ -303,7 +303,13 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         beside an optimized kernel with its own backward, it does nothing.
         ``nnterp.analysis.attribution_patch`` calls it on every mixer of its
         clean run. Call it before reading the call's values.
+
+        Returns the head outputs the forward goes on with, as
+        ``attention_head_outputs`` serves them, where it wrote them (their
+        gradient is the one the call's backward starts from; read them here,
+        not again), else ``None``.
         """
+        return None
 
     def carried(self) -> dict[str, torch.Tensor]:
         """Inside a trace, on a prompt's call: everything this mixer carries past the call's last token, by name.

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from nnsight.intervention.interleaver import Mediator
 from transformers.models.zamba import modeling_zamba as MODELING
 
-from nnterp import EProperty, Unavailable, needs_torch_kernels
+from nnterp import EProperty, RecurrentMixer, Unavailable, needs_torch_kernels
 from nnterp.analysis.mixing import TokenMixing
 from nnterp.components.declaration import ENTERING_STATE, DeclarationMismatch, ForwardLayout, Located, forward_layout
 from nnterp.components.per_call import per_call, pinned, replace_per_call
@@ -228,6 +228,12 @@ class ZambaScan(SelectiveScan):
     """
 
     CALLS_PER_FORWARD = "n_mamba_heads"
+    # a single scan call's: the adjoint route, the scan from the arguments, what an entering state adds (so knockout
+    # runs whole prompts) and the states' gradient, which a loop of calls over the heads' slices does not make
+    backward_through_adjoint = RecurrentMixer.backward_through_adjoint
+    entering_contribution = RecurrentMixer.entering_contribution
+    run_from_arguments = RecurrentMixer.run_from_arguments
+    state_gradients = RecurrentMixer.__dict__["state_gradients"]
     #: The forward's bindings of every head's tensors before its loop over heads, by the mixer's argument names: the
     #: value each name ends up holding (its last binding). ``parameters`` is the split of the selective projection
     #: into (dt before ``dt_proj``, B, C).
@@ -591,9 +597,15 @@ class ZambaScan(SelectiveScan):
 
 
 MODEL_TYPES = ("zamba",)
+class ZambaHybridLayer(MambaLayer):
+    """A hybrid block: the shared transformer, whose attention is ``self_attn``, runs before the mixer."""
+
+    ATTENTION_FIRST = True
+
+
 ENVOYS = {
     MODELING.ZambaMambaDecoderLayer: MambaLayer,
-    MODELING.ZambaHybridLayer: MambaLayer,
+    MODELING.ZambaHybridLayer: ZambaHybridLayer,
     MODELING.ZambaAttention: Attention,
     MODELING.ZambaMambaMixer: ZambaScan,
 }
