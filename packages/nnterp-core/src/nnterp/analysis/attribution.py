@@ -99,7 +99,7 @@ def attribution_patch(
     Returns ``{value: Estimate}``: the blocks of ``layers`` (default: all)
     that have the value, and the estimate ``[blocks, seq, ...]`` as the
     module says, float32 (NaN past a block's own width where blocks differ in
-    it: Gemma 4's MLP neurons). Both runs go without a cache. ``metric`` maps the clean run's logits ``[1, seq,
+    it: Gemma 4's MLP neurons). The clean run goes without a cache. ``metric`` maps the clean run's logits ``[1, seq,
     vocab_size]`` to a scalar (default: the log-probability of the clean
     run's most likely next token). The prompts must have as many tokens.
 
@@ -125,8 +125,7 @@ def attribution_patch(
     metric = metric or top_log_probability
 
     corrupted: list[Any] = []
-    # without a cache: a forward that updates one in place (RWKV's) leaves autograd nothing to run back through
-    with torch.no_grad(), model.trace(corrupt_ids, use_cache=False):
+    with torch.no_grad(), model.trace(corrupt_ids):
         for _, value, owner in places:
             if value == STATES:
                 corrupted.append([tensor.save() for tensor in owner.state_patch_inputs()])
@@ -138,6 +137,7 @@ def attribution_patch(
     names: dict[int, str] = {}
     recurrent = {block.layer: block.recurrent for block in mixers(model) if block.recurrent is not None}
     try:
+        # without a cache: a forward that updates one in place (RWKV's) leaves autograd nothing to run back through
         with model.trace(clean_ids, use_cache=False):
             served = []
             for layer in sorted(recurrent.keys() | {place[0] for place in places}):

@@ -431,17 +431,15 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         seq, heads], float32: ``clean`` and ``corrupt`` come from
         ``state_patch_inputs`` on the two runs, ``head_output_gradients`` is
         the metric's gradient with respect to the clean run's
-        ``attention_head_outputs``. By default the adjoint
+        ``attention_head_outputs``; ``corrupt``'s tensors may be written
+        over. By default the adjoint
         (``state_gradients``) times the difference of the two trajectories,
         summed over each head's state.
         """
-        gradients = cls.state_gradients(clean[:-1], head_output_gradients).flatten(3)
-
-        def along(states: torch.Tensor) -> torch.Tensor:
-            return torch.einsum("...i,...i->...", states.flatten(3).to(gradients.dtype), gradients)
-
-        # two products rather than one of a difference: no state-sized tensor besides the adjoint
-        return along(corrupt[-1]) - along(clean[-1])
+        gradients = cls.state_gradients(clean[:-1], head_output_gradients)
+        # the difference goes in place: corrupt's states are the caller's to give up, a state-sized copy spared
+        patch = corrupt[-1].float().sub_(clean[-1].float())
+        return torch.einsum("...i,...i->...", patch.flatten(3), gradients.flatten(3).to(patch.dtype))
 
     @classmethod
     def declares_state_gradients(cls) -> bool:
