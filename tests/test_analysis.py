@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import nnterp_mamba.selective_scan
 import pytest
 import torch
 
+import nnterp_mamba.selective_scan
 from nnterp import REGISTRY, route_kernels
 from nnterp.analysis import knock_out, knockout, mixed, patch_state
 from nnterp.analysis.blocks import mixers

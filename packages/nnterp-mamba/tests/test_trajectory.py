@@ -148,7 +148,9 @@ def token_loop_outputs(x, dt, A, B, C, D, z, state, dt_bias):
     """The gated outputs and the last state of transformers' one-token update applied token after token."""
     buffer = torch.zeros(BATCH, CHANNELS, STATE_DIM) if state is None else state.clone()
     outputs = [
-        STATE_UPDATE(buffer, x[..., t], dt[..., t], A, B[..., t], C[..., t], D, z=z[..., t], dt_bias=dt_bias, dt_softplus=True)
+        STATE_UPDATE(
+            buffer, x[..., t], dt[..., t], A, B[..., t], C[..., t], D, z=z[..., t], dt_bias=dt_bias, dt_softplus=True
+        )
         for t in range(x.shape[-1])
     ]
     return torch.stack(outputs, dim=-1), buffer

@@ -40,7 +40,9 @@ def test_the_chunked_estimate_is_the_state_patch_times_the_adjoint(seq, chunk_si
     """Every pair of a write before a token and a read after it, in its own chunk or across chunks, with the
     entering states of both runs and a partial last chunk."""
     clean, corrupt = run(seq, 0), run(seq, 1)
-    gradients = torch.randn(BATCH, seq, HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    gradients = torch.randn(
+        BATCH, seq, HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(2), dtype=torch.float64
+    )
     adjoint = ssd_state_gradients(clean.log_decay, clean.C, gradients).double()
     expected = ((states(corrupt) - states(clean)) * adjoint).sum((-2, -1))
     found = ssd_state_patch_estimates(clean, corrupt, gradients, chunk_size=chunk_size)

@@ -77,7 +77,7 @@ class SelectiveScanAdjoint(torch.autograd.Function):
             leaves = [dt.detach().requires_grad_(), None if dt_bias is None else dt_bias.detach().requires_grad_()]
             step = step_sizes(*leaves, ctx.softplus)  # [batch, channels, seq]
         rate, written = A.float(), step.detach() * x.float()  # [channels, state_dim], [batch, channels, seq]
-        keys, reading, gradients = B.float(), C.float(), output_gradients.float()
+        keys, gradients = B.float(), output_gradients.float()
         log_decay = step.detach().transpose(1, 2)[..., None] * rate  # [batch, seq, channels, state_dim]
         adjoint = selective_scan_state_gradients(log_decay, C, gradients)
         # h_t = exp(log_decay_t) h_{t-1} + (dt x)_t B_t: the gradient of log_decay_t is the decayed state's
@@ -95,6 +95,9 @@ class SelectiveScanAdjoint(torch.autograd.Function):
         of_dt, of_dt_bias = (None if leaf is None else next(found) for leaf in leaves)
         computed = (of_x, of_dt, of_A, of_B, of_C, of_D, of_dt_bias)
         return (
-            *(None if value is None else value.to(argument.dtype) for value, argument in zip(computed, ctx.saved_tensors)),
+            *(
+                None if value is None else value.to(argument.dtype)
+                for value, argument in zip(computed, ctx.saved_tensors, strict=True)
+            ),
             None,
         )

@@ -101,7 +101,9 @@ def ssd_state_patch_estimates(
     leaving = reading.new_zeros(batch, length // chunk_size, heads, reading.shape[-1], gradients.shape[-1])
     from_chunk = (reading * held.exp().unsqueeze(-1)).transpose(-1, -2) @ gradients
     for chunk in reversed(range(leaving.shape[1] - 1)):
-        leaving[:, chunk] = from_chunk[:, chunk + 1] + held[:, chunk + 1, :, -1, None, None].exp() * leaving[:, chunk + 1]
+        leaving[:, chunk] = (
+            from_chunk[:, chunk + 1] + held[:, chunk + 1, :, -1, None, None].exp() * leaving[:, chunk + 1]
+        )
 
     def paired(run: ScanRun) -> Tensor:
         keys, written = per_head(run.B), by_head(run.written)
@@ -113,7 +115,9 @@ def ssd_state_patch_estimates(
         entering = torch.empty_like(leaving)
         entering[:, 0] = run.entering.float()
         for chunk in range(1, entering.shape[1]):
-            entering[:, chunk] = into[:, chunk - 1] + kept[:, chunk - 1, :, -1, None, None].exp() * entering[:, chunk - 1]
+            entering[:, chunk] = (
+                into[:, chunk - 1] + kept[:, chunk - 1, :, -1, None, None].exp() * entering[:, chunk - 1]
+            )
         pairs = (reading @ keys.transpose(-1, -2)) * (gradients @ written.transpose(-1, -2))  # [r, s]
         within = ((later @ pairs) * earlier).sum(-1)
         read_entering = ((entering @ gradients.transpose(-1, -2)) * reading.transpose(-1, -2)).sum(-2)  # [r]

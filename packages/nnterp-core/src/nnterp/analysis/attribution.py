@@ -170,7 +170,9 @@ def attribution_patch(
     estimates: dict[str, list[tuple[int, Tensor]]] = {value: [] for value in values}
     for (layer, value, owner), after, before, gradient in zip(places, corrupted, activations, gradients, strict=True):
         if value == STATES:
-            estimates[value].append((layer, type(owner).state_patch_estimates(tuple(before), tuple(after), gradient)[0]))
+            estimates[value].append(
+                (layer, type(owner).state_patch_estimates(tuple(before), tuple(after), gradient)[0])
+            )
             continue
         # the corrupt run's copy is this function's own: the difference goes in place
         patch = after.sub_(before.detach())

@@ -597,6 +597,8 @@ class ZambaScan(SelectiveScan):
 
 
 MODEL_TYPES = ("zamba",)
+
+
 class ZambaHybridLayer(MambaLayer):
     """A hybrid block: the shared transformer, whose attention is ``self_attn``, runs before the mixer."""
 
