@@ -26,7 +26,8 @@ The clean run's backward runs through each recurrent mixer as its kind says
 autograd's record of transformers' token loop, whose backward is quadratic in the prompt.
 
 A value nnsight serves no gradient for (one computed beside the forward rather than used by it:
-a mixture of experts' slots, Mamba-1's per-channel head outputs) raises ``Unavailable``.
+a mixture of experts' slots, head outputs served as a reshaped copy, as Bloom's) raises ``Unavailable``.
+Mamba-1's head outputs take theirs from the tensor its adjoint route writes.
 """
 
 from __future__ import annotations
