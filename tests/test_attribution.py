@@ -145,6 +145,26 @@ def test_a_value_without_a_gradient_is_unavailable():
     model = tiny_standardized("bloom")  # its head outputs are a reshaped copy, which the forward does not go on with
     with pytest.raises(Unavailable, match=r"no gradient for layers\[\d\] self_attn.attention_head_outputs"):
         attribution_patch(model, PROMPT, CORRUPT, values=["self_attn.attention_head_outputs"])
+    assert_parameters_as_they_were(model, frozen=set())
+
+
+def assert_parameters_as_they_were(model, frozen: set[str]):
+    for name, parameter in model._module.named_parameters():
+        assert parameter.requires_grad == (name not in frozen), name
+        assert parameter.grad is None, f"{name} took a gradient"
+
+
+@pytest.mark.parametrize("name", ["llama", "mamba"])
+def test_the_parameters_take_no_gradient_and_are_left_as_they_were(name):
+    """The backward computes the activations' gradients only (a weight's would double each linear layer's work);
+    every parameter takes a gradient after as before, and a frozen one stays frozen."""
+    model = tiny_standardized(name)
+    frozen = {next(name for name, _ in model._module.named_parameters() if "layers" in name)}
+    model._module.get_parameter(next(iter(frozen))).requires_grad_(False)
+    values = ["layer_output"] + (["linear_attn.states"] if name == "mamba" else ["mlp.mlp_output"])
+    estimates = attribution_patch(model, PROMPT, CORRUPT, values=values)
+    assert all(estimate.scores.abs().max() > 0 for estimate in estimates.values())
+    assert_parameters_as_they_were(model, frozen)
 
 
 #: The step of each family's state derivative's central difference: one the routed kernel's float32 state arithmetic

@@ -11,6 +11,8 @@ to its end, and one token's step.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -71,9 +73,36 @@ class ChunkedRecurrence:
     def _write_states(self, states: Tensor, needed: Tensor) -> None:
         """Write the state after each of ``needed`` (sorted, distinct) into ``states[:, i]``."""
         end = int(needed[-1]) + 1  # later tokens cannot change an earlier state
+        asked = asked_chunks(needed, self.chunk_size)
+        starts, advance = self._start_states(end, asked)
+        write_chunk_states(states, needed, self.chunk_size, starts, advance)
+
+    def chunks_backwards(self) -> Iterator[tuple[int, Tensor]]:
+        """Each chunk's first position and the states after its tokens, ``[batch, tokens, ...]`` float32, last chunk first.
+
+        For a product with something that runs backwards through the call (a
+        recurrence's adjoint) without holding a state per token of the call:
+        one chunk's states at a time, in one buffer that the next chunk writes
+        over (and the caller may). The loop over chunks runs once.
+        """
+        chunks = -(-self.seq_len // self.chunk_size)
+        starts, advance = self._start_states(self.seq_len, torch.arange(chunks))
+        batch, *state = self.shape
+        buffer = torch.empty(batch, self.chunk_size, *state, device=self.device)
+        for chunk in reversed(range(chunks)):
+            first = chunk * self.chunk_size
+            tokens = min(self.chunk_size, self.seq_len - first)
+            running = starts[:, chunk : chunk + 1].clone()
+            for step in range(tokens):
+                advance(running, slice(chunk, chunk + 1), step)
+                buffer[:, step] = running[:, 0]
+            yield first, buffer[:, :tokens]
+
+    def _start_states(self, end: int, asked: Tensor) -> tuple[Tensor, Advance]:
+        """The state each chunk of ``asked`` (sorted, distinct) starts from, ``[batch, asked, ...]`` float32, and the
+        ``Advance`` stepping those chunks: the loop over the chunks before ``end``, laid out first."""
         chunks = -(-end // self.chunk_size)
         self.lay_out(end)
-        asked = asked_chunks(needed, self.chunk_size)
         holds_asked = set(asked.tolist())
         state = (
             torch.zeros(self.shape, device=self.device) if self.initial_state is None else self.initial_state.float()
@@ -86,8 +115,7 @@ class ChunkedRecurrence:
                 asked_writes.append(writes)
             if chunk + 1 < chunks:
                 state = self.carry(state, chunk, writes)
-        advance = self.steps(asked.to(self.device), asked_writes)
-        write_chunk_states(states, needed, self.chunk_size, torch.stack(starts, dim=1), advance)
+        return torch.stack(starts, dim=1), self.steps(asked.to(self.device), asked_writes)
 
     def in_chunks(self, tensor: Tensor, dim: int) -> Tensor:
         """``tensor`` with its token axis ``dim`` padded with zeros to whole chunks and split into ``[chunks, chunk_size]``.
@@ -116,3 +144,25 @@ class ChunkedRecurrence:
         ``writes`` holds each asked chunk's ``writes``, in order.
         """
         raise NotImplementedError
+
+
+@torch.no_grad()
+def state_patch_estimates(clean: ChunkedRecurrence, corrupt: ChunkedRecurrence, adjoint: Iterator[Tensor]) -> Tensor:
+    """``(corrupt S_t - clean S_t) . L_t`` per token and head, ``[batch, seq, heads]`` float32, a chunk of states at a time.
+
+    ``clean`` and ``corrupt`` are two runs of one call (states ``[batch, heads,
+    ...]``); ``adjoint`` yields the gradient ``L_t`` with respect to the clean
+    run's state after each token, shaped as a state, from the last token back,
+    each free to be written over once the next is asked for. Each token's
+    estimate sums over its head's state. What the product would otherwise take, both runs' states
+    and the adjoint after every token, is never held: one chunk of each run's states and one ``L_t``.
+    """
+    batch, heads = clean.shape[:2]
+    estimates = torch.empty(batch, clean.seq_len, heads, device=clean.device)
+    for (first, clean_states), (_, corrupt_states) in zip(
+        clean.chunks_backwards(), corrupt.chunks_backwards(), strict=True
+    ):
+        patch = corrupt_states.sub_(clean_states).flatten(3)
+        for offset in reversed(range(patch.shape[1])):
+            estimates[:, first + offset] = torch.einsum("bhi,bhi->bh", patch[:, offset], next(adjoint).flatten(2))
+    return estimates

@@ -21,7 +21,7 @@ from nnterp.layouts import ChannelGates, Gates, LinearHeadOutputs, LinearQK, Lin
 from nnterp.positions import Positions
 from nnterp.value_paths import ArgumentSelection, BoundArgument
 
-from .gradients import delta_rule_state_gradients
+from .gradients import DeltaRuleRun, delta_rule_state_gradients, delta_rule_state_patch_estimates
 from .mixing import delta_rule_mixing, delta_rule_readout
 from .trajectory import delta_rule_states
 
@@ -219,6 +219,32 @@ class LinearAttention(RecurrentMixer):
         """The delta rule's adjoint (``delta_rule_state_gradients``) from ``state_gradient_inputs``."""
         *arguments, l2_norms = inputs
         return delta_rule_state_gradients(*arguments, head_output_gradients, use_qk_l2norm=bool(l2_norms))
+
+    def state_patch_inputs(self) -> tuple[torch.Tensor, ...]:
+        """The call's arguments and entering state (``gradients.DeltaRuleRun``), detached, and whether the kernel
+        l2-normalizes the queries and keys (a bool tensor).
+
+        Detached one by one: a ``torch.no_grad()`` block here would hold while
+        the forward runs on to the arguments it waits for.
+        """
+        query, key, value, g, beta, entering = self._delta_rule_arguments()
+        if entering is None:
+            entering = torch.zeros(value.shape[0], value.shape[2], key.shape[-1], value.shape[-1], device=value.device)
+        run = DeltaRuleRun(*(tensor.detach() for tensor in (query, key, value, g, beta, entering)))
+        return (*run, torch.tensor(self._l2_norms()))
+
+    @classmethod
+    def state_patch_estimates(
+        cls, clean: tuple[torch.Tensor, ...], corrupt: tuple[torch.Tensor, ...], head_output_gradients: torch.Tensor
+    ) -> torch.Tensor:
+        """The patch estimate a chunk of states at a time (``gradients.delta_rule_state_patch_estimates``)."""
+        *clean_run, l2_norms = clean
+        return delta_rule_state_patch_estimates(
+            DeltaRuleRun(*clean_run),
+            DeltaRuleRun(*corrupt[:-1]),
+            head_output_gradients,
+            use_qk_l2norm=bool(l2_norms),
+        )
 
     def mixing_from_arguments(self, rows: torch.Tensor, heads: torch.Tensor) -> TokenMixing:
         """The delta rule's token mixing at ``rows`` and ``heads`` of this call (``delta_rule_mixing``)."""

@@ -73,9 +73,11 @@ class SelectiveScanAdjoint(torch.autograd.Function):
         x, dt, A, B, C, D, dt_bias = ctx.saved_tensors
         states = selective_scan_states(x, dt, A, B, dt_bias=dt_bias, softplus=ctx.softplus, dtype=torch.float32)
         before = F.pad(states[:, :-1], (0, 0, 0, 0, 1, 0))  # [batch, seq, channels, state_dim], zeros first
+        needed = dict(zip(("x", "dt", "A", "B", "C", "D", "dt_bias"), ctx.needs_input_grad, strict=False))
         with torch.enable_grad():
-            leaves = [dt.detach().requires_grad_(), None if dt_bias is None else dt_bias.detach().requires_grad_()]
-            step = step_sizes(*leaves, ctx.softplus)  # [batch, channels, seq]
+            # a frozen model's parameters (attribution's run) take no gradient: A's, D's and the bias's go uncomputed
+            leaves = [dt.detach().requires_grad_(), dt_bias.detach().requires_grad_() if needed["dt_bias"] else None]
+            step = step_sizes(leaves[0], dt_bias if leaves[1] is None else leaves[1], ctx.softplus)
         rate, written = A.float(), step.detach() * x.float()  # [channels, state_dim], [batch, channels, seq]
         keys, gradients = B.float(), output_gradients.float()
         log_decay = step.detach().transpose(1, 2)[..., None] * rate  # [batch, seq, channels, state_dim]
@@ -86,10 +88,10 @@ class SelectiveScanAdjoint(torch.autograd.Function):
         of_step = torch.einsum("btcn,cn->bct", of_log_decay, rate) + of_written * x.float()
         # y = C . h + D x
         of_x = of_written * step.detach() + (0 if D is None else gradients * D.float()[:, None])
-        of_A = torch.einsum("btcn,bct->cn", of_log_decay, step.detach())
+        of_A = torch.einsum("btcn,bct->cn", of_log_decay, step.detach()) if needed["A"] else None
         of_B = torch.einsum("btcn,bct->bnt", adjoint, written)
         of_C = torch.einsum("btcn,bct->bnt", states, gradients)
-        of_D = None if D is None else (gradients * x.float()).sum((0, 2))
+        of_D = (gradients * x.float()).sum((0, 2)) if needed["D"] else None
         wanted = [leaf for leaf in leaves if leaf is not None]
         found = iter(torch.autograd.grad(step, wanted, of_step))
         of_dt, of_dt_bias = (None if leaf is None else next(found) for leaf in leaves)
