@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -121,75 +122,97 @@ def attribution_patch(
             f"{corrupt_ids.shape[1]}; patching moves a value between the same positions, so give prompts as long"
         )
     values = known(values, ESTIMATED, "attribution_patch estimates")
-    chosen = block_indices(model, layers)
-    places = [(layer, value, _owner(model, layer, value)) for layer in chosen for value in ESTIMATED if value in values]
-    places = [(layer, value, owner) for layer, value, owner in places if owner is not None]
-    missing = [value for value in values if not any(place[1] == value for place in places)]
+    places = [
+        _Place(layer, value, owner)
+        for layer in block_indices(model, layers)
+        for value in ESTIMATED
+        if value in values and (owner := _owner(model, layer, value)) is not None
+    ]
+    missing = [value for value in values if not any(place.value == value for place in places)]
     if missing:
         raise Unavailable(
             f"attribution_patch: no chosen block serves {', '.join(missing)}; model.support() lists what each has"
         )
     metric = metric or top_log_probability
 
-    corrupted: list[Any] = []
     with torch.no_grad(), model.trace(corrupt_ids):
-        for _, value, owner in places:
-            if value == STATES:
-                corrupted.append([tensor.save() for tensor in owner.state_patch_inputs()])
+        for place in places:
+            if place.value == STATES:
+                place.corrupt = [tensor.save() for tensor in place.owner.state_patch_inputs()]
             else:
                 # a served tensor can be the model's own, which a later write would change
-                corrupted.append(getattr(owner, value.rpartition(".")[2]).clone().save())
-    activations: list[Any] = []
-    gradients: list[Tensor] = []
-    names: dict[int, str] = {}
+                place.corrupt = getattr(place.owner, place.name).clone().save()
     recurrent = {block.layer: block.recurrent for block in mixers(model) if block.recurrent is not None}
+    served: list[_Place] = []  # in the order the forward makes them
     try:
         # without a cache: a forward that updates one in place (RWKV's) leaves autograd nothing to run back through
         with _gradients_of_activations_only(model._module), model.trace(clean_ids, use_cache=False):
-            served = []
-            for layer in sorted(recurrent.keys() | {place[0] for place in places}):
+            for layer in sorted(recurrent.keys() | {place.layer for place in places}):
                 # every mixer the metric's gradient runs back through, chosen or not
                 routed = recurrent[layer].backward_through_adjoint() if layer in recurrent else None
-                for place_layer, value, owner in places:
-                    if place_layer != layer:
-                        continue
-                    if value == STATES:
-                        activations.append([tensor.save() for tensor in owner.state_patch_inputs()])
-                    if value in (STATES, HEAD_OUTPUTS) and routed is not None:
-                        served.append(routed)  # the head outputs the forward now goes on with, read once
+                for place in (place for place in places if place.layer == layer):
+                    if place.value == STATES:
+                        place.clean = [tensor.save() for tensor in place.owner.state_patch_inputs()]
+                    if place.value in (STATES, HEAD_OUTPUTS) and routed is not None:
+                        place.served = routed  # the head outputs the forward now goes on with, read once
                     else:
-                        served.append(getattr(owner, _served_name(value)))
-                    if value != STATES:
-                        activations.append(served[-1].detach().clone().save())
-                    names[id(served[-1])] = f"layers[{layer}] {value}"
+                        # a state's gradient starts from its head outputs'
+                        place.served = getattr(
+                            place.owner, "attention_head_outputs" if place.value == STATES else place.name
+                        )
+                    if place.value != STATES:
+                        place.clean = place.served.detach().clone().save()
+                    served.append(place)
             measured = metric(model.logits)
             with measured.backward():
-                for activation in reversed(served):
-                    gradients.append(activation.grad.save())
+                for place in reversed(served):
+                    place.gradient = place.served.grad.save()
     except OutOfOrderError as error:
         # a gradient hook that never fired: the value is a copy read beside the forward, which no gradient reaches
-        which = next((name for key, name in names.items() if str(key) in str(error)), ", ".join(values))
+        which = next((place for place in served if str(id(place.served)) in str(error)), None)
         raise Unavailable(
-            f"attribution_patch: nnsight serves no gradient for {which}: it is computed beside the forward, not a "
-            f"tensor the forward goes on with; estimate the value it is computed from, or patch it exactly"
+            f"attribution_patch: nnsight serves no gradient for "
+            f"{', '.join(values) if which is None else f'layers[{which.layer}] {which.value}'}: it is computed beside "
+            f"the forward, not a tensor the forward goes on with; estimate the value it is computed from, or patch "
+            f"it exactly"
         ) from None
-    gradients.reverse()
-    estimates: dict[str, list[tuple[int, Tensor]]] = {value: [] for value in values}
-    for (layer, value, owner), after, before, gradient in zip(places, corrupted, activations, gradients, strict=True):
-        if value == STATES:
-            estimates[value].append(
-                (layer, type(owner).state_patch_estimates(tuple(before), tuple(after), gradient)[0])
-            )
-            continue
-        # the corrupt run's copy is this function's own: the difference goes in place
-        patch = after.sub_(before.detach())
-        gradient = gradient.to(patch.dtype)
-        summed = patch * gradient if value in PER_ELEMENT else torch.einsum("...i,...i->...", patch, gradient)
-        estimates[value].append((layer, summed[0]))
     return {
-        value: Estimate(tuple(layer for layer, _ in parts), _stacked([part for _, part in parts]))
-        for value, parts in estimates.items()
+        value: Estimate(
+            tuple(place.layer for place in places if place.value == value),
+            _stacked([place.estimate() for place in places if place.value == value]),
+        )
+        for value in values
     }
+
+
+@dataclass
+class _Place:
+    """One value of one block: what each run gives of it, and the metric's gradient with respect to the clean one."""
+
+    layer: int
+    value: str
+    owner: Any
+    #: the corrupt run's value, or for the states what ``state_patch_inputs`` reads
+    corrupt: Any = None
+    clean: Any = None
+    #: the tensor whose gradient is read
+    served: Any = None
+    gradient: Any = None
+
+    @property
+    def name(self) -> str:
+        """The value's name on its owner."""
+        return self.value.rpartition(".")[2]
+
+    def estimate(self) -> Tensor:
+        """The difference of the runs times the gradient, as the module says, for this block: ``[seq, ...]``."""
+        if self.value == STATES:
+            return type(self.owner).state_patch_estimates(tuple(self.clean), tuple(self.corrupt), self.gradient)[0]
+        # the corrupt run's copy is this function's own: the difference goes in place
+        patch = self.corrupt.sub_(self.clean)
+        gradient = self.gradient.to(patch.dtype)
+        summed = patch * gradient if self.value in PER_ELEMENT else torch.einsum("...i,...i->...", patch, gradient)
+        return summed[0]
 
 
 @contextmanager
@@ -224,11 +247,6 @@ def _stacked(parts: list[Tensor]) -> Tensor:
             for part, pads in zip(parts, padding, strict=True)
         ]
     )
-
-
-def _served_name(value: str) -> str:
-    """The name ``value`` is read by on its owner: a state's gradient starts from the head outputs'."""
-    return "attention_head_outputs" if value == STATES else value.rpartition(".")[2]
 
 
 def _owner(model: Any, layer: int, value: str) -> Any:
