@@ -15,10 +15,10 @@ import torch
 import nnterp
 from nnterp import REGISTRY, Unavailable, route_kernels
 from nnterp.analysis import attribution_patch
-from nnterp.analysis.attribution import answer_log_probability
+from nnterp.analysis.attribution import ESTIMATED, answer_log_probability
 from nnterp.testing import PROMPT, mild_decays, tiny_standardized
 
-FAMILIES = ("llama", "qwen3_5_text", "mamba", "mamba2")  # Qwen3-Next's grouped experts refuse float64
+FAMILIES = ("llama", "qwen3_5_text", "mamba", "mamba2", "falcon_h1")  # Qwen3-Next's grouped experts refuse float64
 #: As many tokens as PROMPT (the local tokenizer's tokens are characters), sharing its first two.
 CORRUPT = "Hexxo wirld, thera"
 VALUES = (
@@ -129,6 +129,24 @@ def test_estimates_against_exact_patching_of_every_cell_are_reported(model):
     signs = (estimate.scores.sign() == exact.sign())[moved].float().mean().item()
     print(f"{model.family.__name__} layer_output: correlation {correlation:.3f}, sign agreement {signs:.3f}")
     assert moved.any() and signs > 0.5, f"sign agreement {signs:.3f}: no better than chance"
+
+
+@pytest.mark.parametrize("name", ["falcon_h1", "zamba"])
+def test_every_value_at_once_is_each_alone_whichever_mixer_a_block_runs_first(name):
+    """Falcon-H1's block runs its Mamba-2 mixer before its attention, Zamba's its attention before its Mamba mixer:
+    one call reads every value of both in the order the forward makes them."""
+    model = tiny_standardized(name, dtype=torch.float64)
+    alone = {}
+    for value in ESTIMATED:
+        try:
+            alone[value] = attribution_patch(model, PROMPT, CORRUPT, values=[value])[value]
+        except Unavailable:
+            continue
+    assert {"self_attn.attention_output", "linear_attn.attention_output"} <= alone.keys()
+    together = attribution_patch(model, PROMPT, CORRUPT, values=list(alone))
+    for value, estimate in alone.items():
+        assert together[value].layers == estimate.layers
+        torch.testing.assert_close(together[value].scores, estimate.scores, rtol=1e-6, atol=1e-12, msg=value)
 
 
 def test_unequal_prompts_and_unknown_values_are_refused():

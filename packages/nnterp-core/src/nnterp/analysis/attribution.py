@@ -48,7 +48,7 @@ from nnsight.intervention.interleaver import OutOfOrderError
 from torch import Tensor
 
 from ..availability import Unavailable
-from .blocks import block_indices, known, mixers, token_ids
+from .blocks import Mixers, block_indices, known, mixers, token_ids
 
 #: What ``attribution_patch`` estimates, in the order a block's forward makes them.
 ESTIMATED = (
@@ -66,6 +66,8 @@ ESTIMATED = (
 PER_ELEMENT = ("mlp.mlp_neurons",)
 #: The recurrent state after each token, estimated through the adjoint of its recurrence.
 STATES = "linear_attn.states"
+#: The standard names of a block's recurrent mixer and its attention.
+RECURRENT, ATTENTION = "linear_attn", "self_attn"
 #: A recurrent mixer's head outputs, which the gradient of its states starts from.
 HEAD_OUTPUTS = "linear_attn.attention_head_outputs"
 
@@ -135,22 +137,22 @@ def attribution_patch(
         )
     metric = metric or top_log_probability
 
+    groups = _in_forward_order(model, places)
     with torch.no_grad(), model.trace(corrupt_ids):
-        for place in places:
+        for place in (place for _, _, group in groups for place in group):
             if place.value == STATES:
                 place.corrupt = [tensor.save() for tensor in place.owner.state_patch_inputs()]
             else:
                 # a served tensor can be the model's own, which a later write would change
                 place.corrupt = getattr(place.owner, place.name).clone().save()
-    recurrent = {block.layer: block.recurrent for block in mixers(model) if block.recurrent is not None}
     served: list[_Place] = []  # in the order the forward makes them
     try:
         # without a cache: a forward that updates one in place (RWKV's) leaves autograd nothing to run back through
         with _gradients_of_activations_only(model._module), model.trace(clean_ids, use_cache=False):
-            for layer in sorted(recurrent.keys() | {place.layer for place in places}):
-                # every mixer the metric's gradient runs back through, chosen or not
-                routed = recurrent[layer].backward_through_adjoint() if layer in recurrent else None
-                for place in (place for place in places if place.layer == layer):
+            for block, owner, group in groups:
+                # every recurrent mixer the metric's gradient runs back through, chosen or not
+                routed = block.recurrent.backward_through_adjoint() if owner == RECURRENT else None
+                for place in group:
                     if place.value == STATES:
                         place.clean = [tensor.save() for tensor in place.owner.state_patch_inputs()]
                     if place.value in (STATES, HEAD_OUTPUTS) and routed is not None:
@@ -183,6 +185,26 @@ def attribution_patch(
         )
         for value in values
     }
+
+
+def _in_forward_order(model: Any, places: list[_Place]) -> list[tuple[Mixers | None, str | None, list[_Place]]]:
+    """``places`` grouped as the forward reaches them: block by block, a group per sequence mixer in the order the
+    block runs them (``RECURRENT`` or ``ATTENTION``; the recurrent one's even without places, for its backward's
+    route), then one of the block's other values (``None``)."""
+    blocks = {block.layer: block for block in mixers(model)}
+    groups: list[tuple[Mixers | None, str | None, list[_Place]]] = []
+    for layer in sorted(blocks.keys() | {place.layer for place in places}):
+        block = blocks.get(layer)
+        owners = (
+            []
+            if block is None
+            else [RECURRENT if mixer is block.recurrent else ATTENTION for mixer in block.in_forward_order()]
+        )
+        at_layer = [place for place in places if place.layer == layer]
+        for owner in owners:
+            groups.append((block, owner, [place for place in at_layer if place.value.startswith(f"{owner}.")]))
+        groups.append((block, None, [place for place in at_layer if place.value.rpartition(".")[0] not in owners]))
+    return groups
 
 
 @dataclass

@@ -20,6 +20,12 @@ class Mixers(NamedTuple):
     attention: Any
     attention_first: bool = False
 
+    def in_forward_order(self) -> list[Any]:
+        """The block's mixers in the order its forward runs them: inside a trace, what each reads or writes comes in
+        this order (tell them apart by ``mixer is block.recurrent``)."""
+        present = [mixer for mixer in (self.recurrent, self.attention) if mixer is not None]
+        return present[::-1] if self.attention_first else present
+
 
 def mixers(model: Any, layers: Iterable[int] | None = None) -> list[Mixers]:
     """The sequence mixers of the blocks ``layers`` (default: every block), in forward order; call it outside a trace.

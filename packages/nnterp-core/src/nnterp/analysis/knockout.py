@@ -68,28 +68,24 @@ def knock_out(
     """
     chosen = torch.as_tensor(positions).reshape(-1)
     for block in mixers(model, layers):
-        steps = [_knock_out_of_recurrent, _knock_out_of_attention]
-        for step in reversed(steps) if block.attention_first else steps:
-            step(block, chosen, start)
+        for mixer in block.in_forward_order():
+            if mixer is block.recurrent:
+                if not mixer.decoding():
+                    mixer.knock_out(chosen - start)
+            else:
+                _knock_out_of_attention(mixer, chosen, start, f"layers[{block.layer}]")
 
 
-def _knock_out_of_recurrent(block: Mixers, chosen: torch.Tensor, start: int) -> None:
-    if block.recurrent is not None and not block.recurrent.decoding():
-        block.recurrent.knock_out(chosen - start)
-
-
-def _knock_out_of_attention(block: Mixers, chosen: torch.Tensor, start: int) -> None:
-    if block.attention is None:
-        return
-    scores = block.attention.attention_scores
-    knocked_tokens(chosen, scores, f"layers[{block.layer}].attention_scores")
+def _knock_out_of_attention(attention: Any, chosen: torch.Tensor, start: int, where: str) -> None:
+    scores = attention.attention_scores
+    knocked_tokens(chosen, scores, f"{where}.attention_scores")
     queries, keys = scores.shape[-2:]
     key_position = torch.arange(keys, device=scores.device)
     # a decode step's queries come after the cached keys
     query_position = torch.arange(keys - queries, keys, device=scores.device)
     at = chosen.to(scores.device)[:, None, None, None]
     later_reads = (key_position == at) & (query_position[:, None] > at)
-    block.attention.attention_scores = scores.masked_fill(later_reads, float("-inf"))
+    attention.attention_scores = scores.masked_fill(later_reads, float("-inf"))
 
 
 def knocked_tokens(positions: torch.Tensor, value: torch.Tensor, where: str) -> torch.Tensor:

@@ -102,13 +102,12 @@ def _carried(model: Any, blocks: list[Mixers], ids: torch.Tensor, position: int)
     carried: dict[int, Carried] = {}
     with model.trace(ids[:, : position + 1]):
         for block in blocks:
-            parts = None
-            if block.recurrent is not None:
-                parts = {name: part.save() for name, part in block.recurrent.carried().items()}
-            keys = values = None
-            if block.attention is not None:
-                keys = block.attention.attention_keys.save()
-                values = block.attention.attention_values.save()
+            parts = keys = values = None
+            for mixer in block.in_forward_order():
+                if mixer is block.recurrent:
+                    parts = {name: part.save() for name, part in mixer.carried().items()}
+                else:
+                    keys, values = mixer.attention_keys.save(), mixer.attention_values.save()
             carried[block.layer] = Carried(parts, keys, values)
     return carried
 
@@ -173,21 +172,28 @@ def _continued(
             inputs["position_ids"] = torch.arange(seen - tokens.shape[1], seen)[None]
         with model.trace(tokens, **inputs):
             for block in every:
-                continue_mixers(prefix, [block], 1)
-                if block.attention is not None and block.layer in patched:
-                    source = carried[block.layer]
-                    for value, patch in (("attention_keys", source.keys), ("attention_values", source.values)):
-                        own = getattr(block.attention, value)
-                        # a sliding window's cache keeps only the last keys: its first is token seen - kept
-                        first = seen - own.shape[2]
-                        if first < split:
-                            replaced = own.clone()
-                            replaced[:, :, : split - first] = patch[:, :, first:].to(own)
-                            setattr(block.attention, value, replaced)
+                for mixer in block.in_forward_order():
+                    if mixer is block.recurrent:
+                        continue_mixers(prefix, [block], 1)
+                    elif block.layer in patched:
+                        _patch_attention(mixer, carried[block.layer], split, seen)
             logits.append(model.logits.save())
     logits = torch.cat(logits, dim=1)
     # as generate computes them: the next token's logits at each step
     return logits[:, seq - 1 :] if max_new_tokens else logits
+
+
+def _patch_attention(attention: Any, source: Carried, split: int, seen: int) -> None:
+    """Inside a continuation's trace, ``seen`` tokens in all: ``source``'s keys and values before token ``split`` in
+    place of the attention's cached ones."""
+    for value, patch in (("attention_keys", source.keys), ("attention_values", source.values)):
+        own = getattr(attention, value)
+        # a sliding window's cache keeps only the last keys: its first is token seen - kept
+        first = seen - own.shape[2]
+        if first < split:
+            replaced = own.clone()
+            replaced[:, :, : split - first] = patch[:, :, first:].to(own)
+            setattr(attention, value, replaced)
 
 
 def _next_token(model: Any, logits: torch.Tensor) -> torch.Tensor:
