@@ -14,6 +14,7 @@ from nnterp.analysis import knock_out, knockout, mixed, patch_state
 from nnterp.analysis.blocks import mixers
 from nnterp.analysis.continuation import continuation_inputs, continue_mixers, expanded, run_in_segments
 from nnterp.components.per_token import TORCH_SCAN_CHUNK
+from nnterp.forward_source import NotInForward
 from nnterp.testing import PROMPT, blocks_with, mild_decays, tiny_standardized
 from nnterp_deltanet.testing import reference_delta_rule
 
@@ -317,3 +318,27 @@ def test_patching_some_heads_leaves_the_others():
     some = patch_state(model, OTHER, PROMPT, [3], layers=layers, heads=[0])
     assert none.abs().max() <= 1e-4 and some.abs().max() > 1e-4
     assert not torch.allclose(some, every)
+
+
+def test_which_mixer_a_block_runs_first_is_read_from_its_forward(monkeypatch):
+    """Zamba's hybrid block calls its shared transformer (holding self_attn) before its Mamba decoder, Falcon-H1's
+    its Mamba before its attention; a block with one mixer has no order to read, and a forward that calls neither
+    holder itself is named in the error."""
+    zamba, falcon = tiny_standardized("zamba"), tiny_standardized("falcon_h1")
+    hybrid = next(block for block in zamba.layers if getattr(block, "self_attn", None) is not None)
+    assert hybrid.attention_first() is True
+    assert falcon.layers[0].attention_first() is False
+    assert zamba.layers[0].attention_first() is False
+    monkeypatch.setattr(type(falcon.layers[0]._module), "forward", forward_through_a_helper)
+    with pytest.raises(
+        NotInForward, match=r"forward_through_a_helper \(transformers .*\) was expected to call self.mamba"
+    ):
+        falcon.layers[0].attention_first()
+
+
+def forward_through_a_helper(self, hidden_states, **kwargs):
+    return run_both_mixers(self, hidden_states)
+
+
+def run_both_mixers(block, hidden_states):
+    return block.self_attn(hidden_states) + block.mamba(hidden_states)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 class Mixers(NamedTuple):
     """One block's sequence mixers under their standard names: its recurrent mixer and its attention, either ``None``,
-    and whether the attention runs first where it has both (``Layer.ATTENTION_FIRST``)."""
+    and whether the attention runs first where it has both (``Layer.attention_first``)."""
 
     layer: int
     recurrent: "RecurrentMixer | None"
@@ -49,7 +49,8 @@ def mixers(model: Any, layers: Iterable[int] | None = None) -> list[Mixers]:
         block = model.layers[layer]
         recurrent, attention = getattr(block, "linear_attn", None), getattr(block, "self_attn", None)
         if recurrent is not None or attention is not None:
-            found.append(Mixers(layer, recurrent, attention, getattr(type(block), "ATTENTION_FIRST", False)))
+            both = recurrent is not None and attention is not None
+            found.append(Mixers(layer, recurrent, attention, both and block.attention_first()))
         elif layers is not None:
             raise ValueError(
                 f"layers[{layer}] has no sequence mixer (no linear_attn, no self_attn): nothing there reads earlier "

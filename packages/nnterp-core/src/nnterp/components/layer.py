@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
+import transformers
 
 from ..descriptor import EProperty
+from ..forward_source import ForwardSource, NotInForward
 from ..layouts import Residual
 from .standard import Standard
 
@@ -42,9 +44,34 @@ class Layer(Standard):
     block computes it, whatever the block.
     """
 
-    #: Whether a block with both sequence mixers runs its attention (``self_attn``) before its recurrent mixer
-    #: (``linear_attn``): an analysis touching both does so in the forward's order.
-    ATTENTION_FIRST: ClassVar[bool] = False
+    def attention_first(self) -> bool:
+        """Whether the block runs its attention (``self_attn``) before its recurrent mixer (``linear_attn``).
+
+        Read from the block's forward: which of the attributes holding them it
+        calls first (Zamba's hybrid block calls its shared transformer before
+        its Mamba decoder, Falcon-H1's its Mamba before its attention). An
+        analysis touching both reads and writes them in that order. False
+        where the block lacks either.
+
+        Raises:
+            NotInForward: the forward calls neither attribute directly, so the order cannot be read.
+        """
+        recurrent, attention = getattr(self, "linear_attn", None), getattr(self, "self_attn", None)
+        if recurrent is None or attention is None:
+            return False
+        paths = {id(module): path for path, module in self._module.named_modules()}
+        holders = [paths[id(mixer._module)].split(".")[0] for mixer in (recurrent, attention)]
+        forward = ForwardSource.of(type(self._module).forward)
+        called = [operation.called for operation in forward.operations]
+        first = {holder: called.index(f"self.{holder}") for holder in holders if f"self.{holder}" in called}
+        if len(first) < len(set(holders)) or len(set(holders)) == 1:
+            raise NotInForward(
+                f"{forward.name} (transformers {transformers.__version__}) was expected to call self.{holders[0]} "
+                f"(holding linear_attn) and self.{holders[1]} (holding self_attn) itself; it calls "
+                f"{sorted(set(name for name in called if name and name.startswith('self.')))}, so which runs first "
+                f"cannot be read"
+            )
+        return first[holders[1]] < first[holders[0]]
 
     def stream_after_adding(self, index: int, stream: torch.Tensor, contribution: torch.Tensor) -> torch.Tensor:
         """The residual stream after the block's addition number ``index``, recomputed from its two operands.

@@ -599,15 +599,9 @@ class ZambaScan(SelectiveScan):
 MODEL_TYPES = ("zamba",)
 
 
-class ZambaHybridLayer(MambaLayer):
-    """A hybrid block: the shared transformer, whose attention is ``self_attn``, runs before the mixer."""
-
-    ATTENTION_FIRST = True
-
-
 ENVOYS = {
     MODELING.ZambaMambaDecoderLayer: MambaLayer,
-    MODELING.ZambaHybridLayer: ZambaHybridLayer,
+    MODELING.ZambaHybridLayer: MambaLayer,
     MODELING.ZambaAttention: Attention,
     MODELING.ZambaMambaMixer: ZambaScan,
 }
