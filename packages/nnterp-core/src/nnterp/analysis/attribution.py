@@ -109,7 +109,8 @@ def attribution_patch(
     Returns ``{value: Estimate}``: the blocks of ``layers`` (default: all)
     that have the value, and the estimate ``[blocks, seq, ...]`` as the
     module says, float32 (NaN past a block's own width where blocks differ in
-    it: Gemma 4's MLP neurons). The clean run goes without a cache. ``metric`` maps the clean run's logits ``[1, seq,
+    it: Gemma 4's MLP neurons). The clean run goes without a cache, its parameters frozen (they take
+    gradients after as before, holding none). ``metric`` maps the clean run's logits ``[1, seq,
     vocab_size]`` to a scalar (default: the log-probability of the clean
     run's most likely next token). The prompts must have as many tokens.
 
