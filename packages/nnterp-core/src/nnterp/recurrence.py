@@ -6,7 +6,8 @@ tokens up to the last asked one out in chunks, carries the state across them in 
 chunks (not tokens), keeps the state each chunk holding an asked position starts from, and steps
 those chunks together token by token (``nnterp.positions.write_chunk_states``). A family's
 subclass supplies its math only: how its tokens lie in chunks, how a chunk carries its start state
-to its end, and one token's step.
+to its end, and one token's step. ``state_patch_estimates`` pairs two runs' states, a chunk at a
+time (``ChunkedRecurrence.chunks_backwards``), with an adjoint run backwards beside them.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class Layer(Standard):
         where the block lacks either.
 
         Raises:
-            NotInForward: the forward calls neither attribute directly, so the order cannot be read.
+            NotInForward: the forward does not itself call both attributes, so the order cannot be read.
         """
         recurrent, attention = getattr(self, "linear_attn", None), getattr(self, "self_attn", None)
         if recurrent is None or attention is None:
