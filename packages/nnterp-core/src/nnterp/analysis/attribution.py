@@ -139,14 +139,14 @@ def attribution_patch(
     metric = metric or top_log_probability
 
     groups = _in_forward_order(model, places)
+    in_order = [place for _, _, group in groups for place in group]
     with torch.no_grad(), model.trace(corrupt_ids):
-        for place in (place for _, _, group in groups for place in group):
+        for place in in_order:
             if place.value == STATES:
                 place.corrupt = [tensor.save() for tensor in place.owner.state_patch_inputs()]
             else:
                 # a served tensor can be the model's own, which a later write would change
                 place.corrupt = getattr(place.owner, place.name).clone().save()
-    served: list[_Place] = []  # in the order the forward makes them
     try:
         # without a cache: a forward that updates one in place (RWKV's) leaves autograd nothing to run back through
         with _gradients_of_activations_only(model._module), model.trace(clean_ids, use_cache=False):
@@ -165,14 +165,15 @@ def attribution_patch(
                         )
                     if place.value != STATES:
                         place.clean = place.served.detach().clone().save()
-                    served.append(place)
             measured = metric(model.logits)
             with measured.backward():
-                for place in reversed(served):
+                for place in reversed(in_order):
                     place.gradient = place.served.grad.save()
     except OutOfOrderError as error:
         # a gradient hook that never fired: the value is a copy read beside the forward, which no gradient reaches
-        which = next((place for place in served if str(id(place.served)) in str(error)), None)
+        which = next(
+            (place for place in in_order if place.served is not None and str(id(place.served)) in str(error)), None
+        )
         raise Unavailable(
             f"attribution_patch: nnsight serves no gradient for "
             f"{', '.join(values) if which is None else f'layers[{which.layer}] {which.value}'}: it is computed beside "
