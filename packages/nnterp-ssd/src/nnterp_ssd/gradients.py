@@ -75,61 +75,93 @@ def ssd_state_patch_estimates(
     state after every token of both runs and the adjoint (three ``[seq,
     heads, state_dim, head_dim]`` tensors) that the product takes otherwise.
     Every exponent is a later cumulative log decay less an earlier one.
+
+    A group's heads share its ``B`` and ``C``, so each product with them is
+    taken once per group, its heads side by side: a chunk's per-head tensors
+    are ``[chunk, heads of the group x head_dim]`` and its states ``[state_dim,
+    heads of the group x head_dim]``.
     """
-    batch, seq, heads, _ = head_output_gradients.shape
+    batch, seq, heads, head_dim = head_output_gradients.shape
+    groups = clean.C.shape[2]
     length = -(-seq // chunk_size) * chunk_size
+    chunks = length // chunk_size
+    per_group = heads // groups
+    by_group = (batch, chunks, groups, chunk_size, per_group, head_dim)
 
     def chunked(tensor: Tensor) -> Tensor:
         """[batch, seq, ...] padded with zeros to whole chunks (no decay, no write, no read), as [batch, chunks, chunk, ...]."""
         padded = F.pad(tensor.float(), (0, 0) * (tensor.dim() - 2) + (0, length - seq))
-        return padded.reshape(batch, length // chunk_size, chunk_size, *tensor.shape[2:])
+        return padded.reshape(batch, chunks, chunk_size, *tensor.shape[2:])
 
-    def per_head(keys: Tensor) -> Tensor:
-        """A group's B or C for each of its heads, as [batch, chunks, heads, chunk, state_dim]."""
-        return chunked(keys).repeat_interleave(heads // keys.shape[2], dim=3).transpose(2, 3)
+    def rows(keys: Tensor) -> Tensor:
+        """A group's B or C, [batch, seq, groups, state_dim], as [batch, chunks, groups, chunk, state_dim]."""
+        return chunked(keys).transpose(2, 3).contiguous()
 
-    def by_head(tensor: Tensor) -> Tensor:
-        """[batch, seq, heads, ...] as [batch, chunks, heads, chunk, ...]."""
-        return chunked(tensor).transpose(2, 3)
+    def side_by_side(tensor: Tensor) -> Tensor:
+        """[batch, seq, heads, head_dim] as [batch, chunks, groups, chunk, heads of the group, head_dim]."""
+        return (
+            chunked(tensor).reshape(batch, chunks, chunk_size, groups, per_group, head_dim).transpose(2, 3).contiguous()
+        )
 
-    reading, gradients = per_head(clean.C), by_head(head_output_gradients)
-    held = by_head(clean.log_decay).cumsum(-1)  # [batch, chunks, heads, chunk]: log decay from the chunk's start
+    def held_since_start(log_decay: Tensor) -> Tensor:
+        """The log decay from each chunk's start, [batch, seq, heads] as [batch, chunks, groups, heads of the group, chunk]."""
+        return (
+            chunked(log_decay).reshape(batch, chunks, chunk_size, groups, per_group).permute(0, 1, 3, 4, 2).cumsum(-1)
+        )
+
+    def across(kept: Tensor) -> Tensor:
+        """What a whole chunk keeps, as a factor of a state ``[..., state_dim, heads of the group x head_dim]``."""
+        return kept[..., -1].exp().repeat_interleave(head_dim, dim=-1).unsqueeze(-2)
+
+    def by_token(kept: Tensor) -> Tensor:
+        """[..., heads of the group, chunk] as a factor of each token's ``[heads of the group, head_dim]``."""
+        return kept.transpose(-1, -2).unsqueeze(-1)
+
+    reading, gradients = rows(clean.C), side_by_side(head_output_gradients)
+    held = held_since_start(clean.log_decay)
     # later[i, r]: what the clean gates keep from r back to i, for r >= i
     later = _decays(held.unsqueeze(-2) - held.unsqueeze(-1), upper=True)
     to_end = (held[..., -1:] - held).exp()
     # the adjoint leaving each chunk: L just after it, decayed to its last token
-    leaving = reading.new_zeros(batch, length // chunk_size, heads, reading.shape[-1], gradients.shape[-1])
-    from_chunk = (reading * held.exp().unsqueeze(-1)).transpose(-1, -2) @ gradients
-    for chunk in reversed(range(leaving.shape[1] - 1)):
-        leaving[:, chunk] = (
-            from_chunk[:, chunk + 1] + held[:, chunk + 1, :, -1, None, None].exp() * leaving[:, chunk + 1]
+    from_chunk = reading.transpose(-1, -2) @ (gradients * by_token(held).exp()).flatten(-2)
+    leaving, kept_by_chunk = torch.zeros_like(from_chunk), across(held)
+    for chunk in reversed(range(chunks - 1)):
+        torch.addcmul(
+            from_chunk[:, chunk + 1], kept_by_chunk[:, chunk + 1], leaving[:, chunk + 1], out=leaving[:, chunk]
         )
+    gradients_by_head = gradients.transpose(3, 4)
 
     def paired(run: ScanRun) -> Tensor:
-        keys, written = per_head(run.B), by_head(run.written)
-        kept = by_head(run.log_decay).cumsum(-1)
+        keys, written = rows(run.B), side_by_side(run.written)
+        kept = held_since_start(run.log_decay)
         # earlier[i, s]: what this run's gates keep from s to i, for s <= i
         earlier = _decays(kept.unsqueeze(-1) - kept.unsqueeze(-2), upper=False)
         since_start = kept.exp()
-        into = (keys * (kept[..., -1:] - kept).exp().unsqueeze(-1)).transpose(-1, -2) @ written
-        entering = torch.empty_like(leaving)
-        entering[:, 0] = run.entering.float()
-        for chunk in range(1, entering.shape[1]):
-            entering[:, chunk] = (
-                into[:, chunk - 1] + kept[:, chunk - 1, :, -1, None, None].exp() * entering[:, chunk - 1]
+        into = keys.transpose(-1, -2) @ (written * by_token(kept[..., -1:] - kept).exp()).flatten(-2)
+        entering, kept_by_chunk = torch.empty_like(into), across(kept)
+        # the entering state [batch, heads, state_dim, head_dim] with each group's heads side by side
+        entering[:, 0] = (
+            run.entering.float().reshape(batch, groups, per_group, -1, head_dim).transpose(2, 3).flatten(-2)
+        )
+        for chunk in range(1, chunks):
+            torch.addcmul(
+                into[:, chunk - 1], kept_by_chunk[:, chunk - 1], entering[:, chunk - 1], out=entering[:, chunk]
             )
-        pairs = (reading @ keys.transpose(-1, -2)) * (gradients @ written.transpose(-1, -2))  # [r, s]
+        # [r, s]: the group's (C_r . B_s) times each head's (g_r . dt_s x_s)
+        pairs = (reading @ keys.transpose(-1, -2)).unsqueeze(3) * (
+            gradients_by_head @ written.permute(0, 1, 2, 4, 5, 3)
+        )
         within = ((later @ pairs) * earlier).sum(-1)
-        read_entering = ((entering @ gradients.transpose(-1, -2)) * reading.transpose(-1, -2)).sum(-2)  # [r]
-        written_leaving = ((leaving @ written.transpose(-1, -2)) * keys.transpose(-1, -2)).sum(-2)  # [s]
-        both = (entering * leaving).sum((-2, -1)).unsqueeze(-1)
+        read_entering = ((reading @ entering).view(by_group) * gradients).sum(-1).transpose(-1, -2)  # [r]
+        written_leaving = ((keys @ leaving).view(by_group) * written).sum(-1).transpose(-1, -2)  # [s]
+        both = (entering * leaving).view(batch, chunks, groups, -1, per_group, head_dim).sum((-3, -1)).unsqueeze(-1)
         total = (
             within
             + since_start * (later @ read_entering.unsqueeze(-1)).squeeze(-1)
             + to_end * (earlier @ written_leaving.unsqueeze(-1)).squeeze(-1)
             + since_start * to_end * both
         )
-        return total.transpose(2, 3).reshape(batch, length, heads)[:, :seq]
+        return total.permute(0, 1, 4, 2, 3).reshape(batch, length, heads)[:, :seq]
 
     return paired(corrupt) - paired(clean)
 
