@@ -1,4 +1,4 @@
-"""The delta rule's adjoint against autograd, and its state patch estimate a chunk at a time against the product written out."""
+"""The delta rule's adjoint against autograd, and its state patch estimate in chunks against the product written out."""
 
 import pytest
 import torch
@@ -60,17 +60,29 @@ def test_the_state_gradients_are_autograd_through_the_delta_rule(per_channel):
 
 
 @pytest.mark.parametrize(
-    "seq, chunk_size, per_channel",
-    [(11, 4, False), (12, 4, False), (11, 64, False), (30, 7, True), (1, 3, False), (13, 5, True)],
+    "seq, chunk_size, per_channel, l2_norms",
+    [
+        (11, 4, False, True),
+        (12, 4, False, True),
+        (11, 64, False, True),
+        (30, 7, False, False),
+        (30, 7, True, True),
+        (1, 3, False, True),
+        (13, 5, True, False),
+    ],
 )
-def test_the_estimate_a_chunk_at_a_time_is_the_state_patch_times_the_adjoint(seq, chunk_size, per_channel):
-    """Whole chunks and a partial last one, a single token, both runs from their own entering states."""
+def test_the_estimate_in_chunks_is_the_state_patch_times_the_adjoint(seq, chunk_size, per_channel, l2_norms):
+    """Whole chunks and a partial last one, a single token, both runs from their own entering states, keys and
+    queries normalized in the kernel or not. One decay per head pairs whole chunks; one per key channel (KDA) steps
+    a chunk of states at a time."""
     clean, corrupt = run(seq, 0, per_channel), run(seq, 1, per_channel)
+    if not l2_norms:  # keys of about unit norm, as a model that does not normalize them learns: beta k k^T < 2
+        clean, corrupt = (call._replace(key=call.key / KEY_DIM**0.5) for call in (clean, corrupt))
     weights = torch.randn(BATCH, seq, HEADS, VALUE_DIM, generator=torch.Generator().manual_seed(2))
-    adjoint = delta_rule_state_gradients(clean.query, clean.key, clean.g, clean.beta, weights, use_qk_l2norm=True)
-    states = [delta_rule_states(*call, use_qk_l2norm=True, dtype=torch.float32) for call in (clean, corrupt)]
+    adjoint = delta_rule_state_gradients(clean.query, clean.key, clean.g, clean.beta, weights, use_qk_l2norm=l2_norms)
+    states = [delta_rule_states(*call, use_qk_l2norm=l2_norms, dtype=torch.float32) for call in (clean, corrupt)]
     expected = ((states[1] - states[0]) * adjoint).sum((-2, -1))
-    found = delta_rule_state_patch_estimates(clean, corrupt, weights, use_qk_l2norm=True, chunk_size=chunk_size)
+    found = delta_rule_state_patch_estimates(clean, corrupt, weights, use_qk_l2norm=l2_norms, chunk_size=chunk_size)
     assert found.shape == (BATCH, seq, HEADS) and found.dtype == torch.float32
     torch.testing.assert_close(found, expected, rtol=1e-4, atol=1e-4)
     assert expected[:, 0].abs().max() > 1e-2, "the first token's estimate is all but zero: nothing checked"

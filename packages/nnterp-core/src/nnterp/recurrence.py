@@ -99,9 +99,24 @@ class ChunkedRecurrence:
                 buffer[:, step] = running[:, 0]
             yield first, buffer[:, :tokens]
 
+    def chunk_starts(self) -> tuple[Tensor, list[Tensor | None]]:
+        """The state each chunk of the call starts from, ``[batch, chunks, ...]`` float32, and each chunk's ``writes``.
+
+        For a product a family takes over whole chunks, stepping no token
+        (the delta rule's state patch estimate): the loop over chunks, laid
+        out first.
+        """
+        return self._carried(self.seq_len, torch.arange(-(-self.seq_len // self.chunk_size)))
+
     def _start_states(self, end: int, asked: Tensor) -> tuple[Tensor, Advance]:
         """The state each chunk of ``asked`` (sorted, distinct) starts from, ``[batch, asked, ...]`` float32, and the
-        ``Advance`` stepping those chunks: the loop over the chunks before ``end``, laid out first."""
+        ``Advance`` stepping those chunks."""
+        starts, asked_writes = self._carried(end, asked)
+        return starts, self.steps(asked.to(self.device), asked_writes)
+
+    def _carried(self, end: int, asked: Tensor) -> tuple[Tensor, list[Tensor | None]]:
+        """The state each chunk of ``asked`` (sorted, distinct) starts from, ``[batch, asked, ...]`` float32, and
+        their ``writes``: the loop over the chunks before ``end``, laid out first."""
         chunks = -(-end // self.chunk_size)
         self.lay_out(end)
         holds_asked = set(asked.tolist())
@@ -116,7 +131,7 @@ class ChunkedRecurrence:
                 asked_writes.append(writes)
             if chunk + 1 < chunks:
                 state = self.carry(state, chunk, writes)
-        return torch.stack(starts, dim=1), self.steps(asked.to(self.device), asked_writes)
+        return torch.stack(starts, dim=1), asked_writes
 
     def in_chunks(self, tensor: Tensor, dim: int) -> Tensor:
         """``tensor`` with its token axis ``dim`` padded with zeros to whole chunks and split into ``[chunks, chunk_size]``.

@@ -22,7 +22,7 @@ from torch import Tensor
 from nnterp.recurrence import state_patch_estimates
 
 from .mixing import reading_queries
-from .trajectory import _DeltaRule
+from .trajectory import _DeltaRule, _pairwise_decay
 
 
 @torch.no_grad()
@@ -68,16 +68,100 @@ def delta_rule_state_patch_estimates(
     """``(corrupt S_t - clean S_t) . L_t`` per token and head, ``[batch, seq, heads]`` float32, ``L_t`` the clean run's
     adjoint from ``head_output_gradients``.
 
-    One chunk of each run's states at a time (``nnterp.recurrence.state_patch_estimates``): the
-    product over both trajectories and the adjoint, three ``[seq, heads, key_dim, value_dim]``
-    tensors, would hold a state-sized slot per token for each, every page of them touched once.
+    With one decay per head, in chunks without forming a state per token (``_paired_estimates``). With one
+    per key channel (KDA) the decays between a write, a token and a later read do not factor into chunk
+    products; there the product runs one chunk of each run's states at a time
+    (``nnterp.recurrence.state_patch_estimates``) beside the adjoint stepped back token by token.
     """
-    runs = (
+    runs = tuple(
         _DeltaRule(run.key, run.value, run.g, run.beta, run.entering, use_qk_l2norm, chunk_size, torch.float32)
         for run in (clean, corrupt)
     )
+    if clean.g.dim() == 3:
+        return _paired_estimates(*runs, clean.query, head_output_gradients)
     adjoint = _adjoint(clean.query, clean.key, clean.g, clean.beta, head_output_gradients, use_qk_l2norm)
     return state_patch_estimates(*runs, adjoint)
+
+
+def _paired_estimates(clean: _DeltaRule, corrupt: _DeltaRule, query: Tensor, head_output_gradients: Tensor) -> Tensor:
+    """The estimate with one decay per head, a few products per chunk: no state per token, no step per token.
+
+    Within a chunk, with ``G`` a run's cumulative log decay from the chunk's start, ``S_0`` the state
+    it starts from and ``delta`` its corrections (``trajectory``), ``S_t = exp(G_t) S_0 + sum_{j <=
+    t} exp(G_t - G_j) k_j delta_j^T``. The adjoint unrolls the same way backwards: with ``H`` the
+    clean run's ``G``, ``R`` the adjoint the next chunk hands back (decayed to this chunk's last
+    token) and ``eta_r = beta_r k_r^T L_r`` its own corrections::
+
+        L_t = exp(H_last - H_t) R + sum_{r >= t} exp(H_r - H_t) q_r g_r^T - sum_{r > t} exp(H_r - H_t) k_r eta_r^T
+
+    ``eta`` solves a unit upper triangular system per chunk, affine in ``R`` (the delta rule's UT
+    transform, run backwards), so one solve serves every chunk and a loop over chunks carries ``R``.
+    ``S_t . L_t`` is then a sum over pairs ``j <= t <= r`` of ``(k_j . q_r)(delta_j . g_r)`` and
+    ``(k_j . k_r)(delta_j . eta_r)`` times those decays, a ``[chunk, chunk]`` matrix per head, plus
+    the pairs that reach the chunk's start state or ``R``. Every exponent is a later cumulative log
+    decay less an earlier one.
+    """
+    heads, value_dim = clean.shape[1], clean.shape[3]
+    seq = clean.seq_len
+
+    def chunked(tensor: Tensor) -> Tensor:
+        """[batch, seq, heads, n] as [batch, heads, chunks, chunk, n], float32."""
+        return clean.in_chunks(tensor.float().transpose(1, 2), 2)
+
+    starts, writes = clean.chunk_starts()  # lays out the clean run: its keys, gates and betas
+    keys, held = clean.keys, clean.gates.squeeze(-1).cumsum(-1)  # [batch, heads, chunks, chunk, (key_dim)]
+    reading = chunked(reading_queries(query.repeat_interleave(heads // query.shape[2], dim=2), clean.use_qk_l2norm))
+    gradients = chunked(head_output_gradients)
+    # later[i, r] = exp(H_r - H_i) for r >= i, and strictly for r > i
+    diagonal = torch.ones(clean.chunk_size, clean.chunk_size, dtype=torch.bool, device=keys.device)
+    later = _pairwise_decay(held.unsqueeze(-1), held.unsqueeze(-1), diagonal.triu(1)).squeeze(-1).transpose(-1, -2)
+    strictly_later = later.masked_fill(diagonal.diag().diag_embed(), 0.0)
+    to_end, since_start = (held[..., -1:] - held).exp(), held.exp()
+
+    # the adjoint's corrections, eta = from_zero + from_leaving @ R, every chunk in one solve
+    key_beta = keys * clean.betas
+    solved = torch.linalg.solve_triangular(
+        (key_beta @ keys.transpose(-1, -2)) * strictly_later,
+        torch.cat([((key_beta @ reading.transpose(-1, -2)) * later) @ gradients, key_beta * to_end[..., None]], -1),
+        upper=True,
+        unitriangular=True,
+    )
+    from_zero, from_leaving = solved[..., :value_dim], solved[..., value_dim:]
+    read_back = reading.transpose(-1, -2) @ (since_start[..., None] * gradients)  # [batch, heads, chunks, key, value]
+    leaving, corrections = torch.zeros_like(read_back), torch.empty_like(gradients)
+    for chunk in reversed(range(read_back.shape[2])):
+        corrections[:, :, chunk] = from_zero[:, :, chunk] + from_leaving[:, :, chunk] @ leaving[:, :, chunk]
+        if chunk:
+            leaving[:, :, chunk - 1] = (
+                read_back[:, :, chunk]
+                - keys[:, :, chunk].transpose(-1, -2) @ (since_start[:, :, chunk, :, None] * corrections[:, :, chunk])
+                + since_start[:, :, chunk, -1, None, None] * leaving[:, :, chunk]
+            )
+
+    def paired(run: _DeltaRule, starts: Tensor, writes: list[Tensor]) -> Tensor:
+        """``S_t . L_t`` of one run, ``[batch, heads, chunks, chunk]``."""
+        starts, written, kept = starts.transpose(1, 2), torch.stack(writes, dim=2), run.gates.squeeze(-1).cumsum(-1)
+        # earlier[t, j] = exp(G_t - G_j) for j <= t
+        earlier = _pairwise_decay(kept.unsqueeze(-1), kept.unsqueeze(-1), diagonal.triu(1)).squeeze(-1)
+        read_pairs = (reading @ run.keys.transpose(-1, -2)) * (gradients @ written.transpose(-1, -2))  # [r, j]
+        removed_pairs = (keys @ run.keys.transpose(-1, -2)) * (corrections @ written.transpose(-1, -2))
+        within = ((later @ read_pairs - strictly_later @ removed_pairs) * earlier).sum(-1)
+        start_read = ((reading @ starts) * gradients).sum(-1)  # [r]
+        start_removed = ((keys @ starts) * corrections).sum(-1)
+        written_leaving = ((run.keys @ leaving) * written).sum(-1)  # [j]
+        both = (starts * leaving).sum((-2, -1)).unsqueeze(-1)
+        kept_since_start = kept.exp()
+        return (
+            within
+            + kept_since_start
+            * (later @ start_read.unsqueeze(-1) - strictly_later @ start_removed.unsqueeze(-1))[..., 0]
+            + to_end * (earlier @ written_leaving.unsqueeze(-1))[..., 0]
+            + kept_since_start * to_end * both
+        )
+
+    clean_products = paired(clean, starts, writes)
+    estimates = paired(corrupt, *corrupt.chunk_starts()).sub_(clean_products)
+    return estimates.flatten(2, 3)[:, :, :seq].transpose(1, 2)
 
 
 def _adjoint(

@@ -237,7 +237,7 @@ class LinearAttention(RecurrentMixer):
     def state_patch_estimates(
         cls, clean: tuple[torch.Tensor, ...], corrupt: tuple[torch.Tensor, ...], head_output_gradients: torch.Tensor
     ) -> torch.Tensor:
-        """The patch estimate a chunk of states at a time (``gradients.delta_rule_state_patch_estimates``)."""
+        """The patch estimate in chunks (``gradients.delta_rule_state_patch_estimates``); on KDA a chunk of states at a time."""
         *clean_run, l2_norms = clean
         return delta_rule_state_patch_estimates(
             DeltaRuleRun(*clean_run),

@@ -131,7 +131,7 @@ class _DeltaRule(ChunkedRecurrence):
         last = cumulative[:, :, :, -1:]  # [batch, heads, chunks, 1, gates]
         self.chunk_decay = last.exp().transpose(-1, -2)
         self.end_keys = (key * (last - cumulative).exp()).transpose(-1, -2)
-        self.keys, self.gates = key, gate
+        self.keys, self.gates, self.betas = key, gate, beta
 
     def writes(self, start: Tensor, chunk: int) -> Tensor:
         """The chunk's corrections ``delta = U - W S_0``, ``[batch, heads, chunk, value_dim]``."""

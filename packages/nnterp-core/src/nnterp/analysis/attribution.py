@@ -18,9 +18,9 @@ have it (a hybrid's ``linear_attn`` and ``self_attn`` apart):
   ``t`` (``set_state_after``) moves the metric through the head outputs at ``t`` and later, so its
   gradient is the recurrence's adjoint (``RecurrentMixer.state_gradients``), run backwards from
   the gradient of the head outputs. Both runs' inputs come from their kernel calls' arguments
-  (``RecurrentMixer.state_patch_inputs``), so nothing needs routing. On Mamba-2 the product is
-  taken in chunks without forming a state per token, on a gated DeltaNet a chunk of states at a
-  time (``RecurrentMixer.state_patch_estimates``).
+  (``RecurrentMixer.state_patch_inputs``), so nothing needs routing. On Mamba-2 and a gated
+  DeltaNet the product is taken in chunks without forming a state per token, on KDA's
+  per-channel decays a chunk of states at a time (``RecurrentMixer.state_patch_estimates``).
 
 The clean run's backward computes the gradients of activations only: the model's parameters are
 frozen for it (a weight's gradient would double each linear layer's backward), and after it every
