@@ -43,7 +43,7 @@ def test_the_adjoint_is_autograd_through_the_token_loop(dtype):
     weights = torch.randn(BATCH, CHANNELS, 150, generator=torch.Generator().manual_seed(4), dtype=dtype)
     loop = SCAN(x, dt, A, B, C, D, delta_bias=dt_bias, delta_softplus=True)
     expected = gradients_of(loop, weights, leaves)
-    routed = loop.detach() + SelectiveScanAdjoint.apply(*leaves, True)
+    routed = loop.detach() + SelectiveScanAdjoint.apply(*leaves, True, None, None)
     assert torch.equal(routed, loop.detach()), "the value is the kernel's own"
     for name, found, wanted in zip(ARGUMENTS, gradients_of(routed, weights, leaves), expected, strict=True):
         assert found.dtype == wanted.dtype
@@ -70,7 +70,9 @@ def test_the_state_gradients_are_the_adjoint_recurrence():
 
 def test_attribution_routes_every_mixers_backward_through_the_adjoint(monkeypatch):
     """attribution_patch's clean run takes the adjoint on each Mamba-1 mixer, chosen or not, and keeps the
-    forward's values: the estimate equals the one with autograd's own backward through the loop."""
+    forward's values: the estimate equals the one with autograd's own backward through the loop, also where the
+    routed backward estimates the states beside it (their estimate against the metric's derivative:
+    tests/test_attribution.py)."""
     model = mild_decays(tiny_standardized("mamba", dtype=torch.float64))
     corrupt = "Hexxo wirld, thera"
     taken = []
@@ -81,10 +83,11 @@ def test_attribution_routes_every_mixers_backward_through_the_adjoint(monkeypatc
         return backward(ctx, output_gradients)
 
     monkeypatch.setattr(SelectiveScanAdjoint, "backward", staticmethod(counted))
-    routed = attribution_patch(model, PROMPT, corrupt, values=["layer_output"], layers=[0])["layer_output"]
+    routed = attribution_patch(model, PROMPT, corrupt, values=["layer_output", "linear_attn.states"], layers=[0])
     assert len(taken) == len(model.layers), "a mixer's backward ran through the token loop"
-    monkeypatch.setattr(type(model.layers[0].linear_attn), "backward_through_adjoint", lambda self: None)
+    assert routed["linear_attn.states"].scores.abs().max() > 0
+    monkeypatch.setattr(type(model.layers[0].linear_attn), "backward_through_adjoint", lambda self, corrupt=None: None)
     looped = attribution_patch(model, PROMPT, corrupt, values=["layer_output"], layers=[0])["layer_output"]
     assert len(taken) == len(model.layers)
-    assert routed.scores.abs().max() > 0
-    torch.testing.assert_close(routed.scores, looped.scores, rtol=1e-4, atol=1e-9)
+    assert looped.scores.abs().max() > 0
+    torch.testing.assert_close(routed["layer_output"].scores, looped.scores, rtol=1e-4, atol=1e-9)

@@ -26,7 +26,7 @@ from .components.per_call import per_call, pinned
 from .components.per_token import needs_recurrent_routing
 from .components.pixtral import PixtralVision
 from .components.qwen_vision import QwenVision
-from .components.recurrent import RecurrentMixer
+from .components.recurrent import AdjointRoute, RecurrentMixer
 from .components.routing import route_kernels
 from .components.standard import Standard, Sublayer, axis_size, blocks_support, contribution
 from .components.streams import HyperConnectionLayer, ManyStreams
@@ -41,6 +41,7 @@ from .transformer import StandardizedTransformer
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdjointRoute",
     "Coverage",
     "DerivedEProperty",
     "EProperty",

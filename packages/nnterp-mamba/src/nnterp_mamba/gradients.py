@@ -54,23 +54,30 @@ def selective_scan_state_gradients(log_decay: Tensor, C: Tensor, head_output_gra
 class SelectiveScanAdjoint(torch.autograd.Function):
     """Zeros in the forward; in the backward, the gradient of the scan's ``y`` with respect to its arguments.
 
-    ``apply(x, dt, A, B, C, D, dt_bias, softplus)`` takes the prompt
-    kernel's arguments as it takes them (channel-first, ``dt`` before its
-    bias); the kernel starts from zeros, and so does its adjoint. Added to the
-    kernel's own ``y`` detached, it leaves the value as the kernel computed it
-    and routes the gradient through the adjoint. Tokens come first in what it
-    computes, so each token's slice is contiguous.
+    ``apply(x, dt, A, B, C, D, dt_bias, softplus, patched_states, probe)``
+    takes the prompt kernel's arguments as it takes them (channel-first,
+    ``dt`` before its bias); the kernel starts from zeros, and so does its
+    adjoint. Added to the kernel's own ``y`` detached, it leaves the value as
+    the kernel computed it and routes the gradient through the adjoint. Tokens
+    come first in what it computes, so each token's slice is contiguous.
+
+    ``patched_states`` (``[batch, seq, channels, state_dim]``, or ``None``)
+    are another run's states after every token, and ``probe`` zeros
+    ``[batch, seq, channels]``: the backward, which forms this run's states
+    and their adjoint anyway, gives ``probe`` the gradient ``(patched - h_t) .
+    G_t`` per token and channel, the first-order effect of patching them in.
     """
 
     @staticmethod
-    def forward(ctx: Any, x, dt, A, B, C, D, dt_bias, softplus) -> Tensor:
-        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias)
+    def forward(ctx: Any, x, dt, A, B, C, D, dt_bias, softplus, patched_states, probe) -> Tensor:
+        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, patched_states)
         ctx.softplus = softplus
         return torch.zeros_like(x)
 
     @staticmethod
     def backward(ctx: Any, output_gradients: Tensor) -> tuple[Tensor | None, ...]:
-        x, dt, A, B, C, D, dt_bias = ctx.saved_tensors
+        *arguments, patched_states = ctx.saved_tensors
+        x, dt, A, B, C, D, dt_bias = arguments
         states = selective_scan_states(x, dt, A, B, dt_bias=dt_bias, softplus=ctx.softplus, dtype=torch.float32)
         before = F.pad(states[:, :-1], (0, 0, 0, 0, 1, 0))  # [batch, seq, channels, state_dim], zeros first
         needed = dict(zip(("x", "dt", "A", "B", "C", "D", "dt_bias"), ctx.needs_input_grad, strict=False))
@@ -82,6 +89,7 @@ class SelectiveScanAdjoint(torch.autograd.Function):
         keys, gradients = B.float(), output_gradients.float()
         log_decay = step.detach().transpose(1, 2)[..., None] * rate  # [batch, seq, channels, state_dim]
         adjoint = selective_scan_state_gradients(log_decay, C, gradients)
+        of_probe = None if patched_states is None else (patched_states.float() - states).mul_(adjoint).sum(-1)
         # h_t = exp(log_decay_t) h_{t-1} + (dt x)_t B_t: the gradient of log_decay_t is the decayed state's
         of_log_decay = log_decay.exp_().mul_(before).mul_(adjoint)
         of_written = torch.einsum("btcn,bnt->bct", adjoint, keys)
@@ -99,7 +107,9 @@ class SelectiveScanAdjoint(torch.autograd.Function):
         return (
             *(
                 None if value is None else value.to(argument.dtype)
-                for value, argument in zip(computed, ctx.saved_tensors, strict=True)
+                for value, argument in zip(computed, arguments, strict=True)
             ),
             None,
+            None,
+            of_probe,
         )

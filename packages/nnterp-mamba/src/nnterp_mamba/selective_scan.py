@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from nnterp import DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels
+from nnterp import AdjointRoute, DerivedEProperty, EProperty, RecurrentMixer, Unavailable, needs_torch_kernels
 from nnterp.analysis.mixing import Heads, TokenMixing
 from nnterp.components.call_order import RETURNED_TOGETHER
 from nnterp.components.call_site import argument, kernel
@@ -340,26 +340,33 @@ class SelectiveScan(RecurrentMixer):
         self.skip_call((output, last_state) if self.argument("return_last_state") else output)
         return True
 
-    def backward_through_adjoint(self) -> torch.Tensor | None:
+    def backward_through_adjoint(self, corrupt: tuple[torch.Tensor, ...] | None = None) -> AdjointRoute | None:
         """The scan's backward through its adjoint (``gradients.SelectiveScanAdjoint``), on a prompt's pure-torch scan.
 
         autograd's record of transformers' token loop differentiates each
         token's slice of the whole-prompt decays and writes separately, which
         is quadratic in the prompt; the adjoint is one backwards step per token.
-        ``attention_head_outputs`` keeps the kernel's value, and the tensor
-        returned is the one the forward goes on with: unlike the served view,
-        it takes a gradient. A decode step's update, and an optimized kernel,
-        keep their own backward.
+        ``attention_head_outputs`` keeps the kernel's value, and the route's
+        head outputs are the tensor the forward goes on with: unlike the served
+        view, it takes a gradient. With ``corrupt`` (``state_patch_inputs`` of
+        another run, its states after every token last), the backward pairs
+        those states with the adjoint it forms, and this run's states, which
+        it forms too, per channel. A decode step's update, and an optimized
+        kernel, keep their own backward.
         """
         if self.decoding() or needs_torch_kernels(self) is not None:
             return None
+        x = self.argument("hidden_states")
+        probe = None if corrupt is None else x.new_zeros(x.shape[0], x.shape[2], x.shape[1], dtype=torch.float32)
         adjoint = SelectiveScanAdjoint.apply(
             *(self.argument(name) for name in ("hidden_states", "dt", "A", "B", "C", "D", "dt_bias")),
             bool(self.argument("dt_softplus")),
+            None if corrupt is None else corrupt[-1],
+            None if probe is None else probe.requires_grad_(),
         )
         routed = self.attention_head_outputs.detach() + adjoint.transpose(1, 2)
         self.attention_head_outputs = routed
-        return routed
+        return AdjointRoute(routed, probe)
 
     def state_gradient_inputs(self) -> tuple[torch.Tensor, ...]:
         """The call's log decay ``dt A`` per token, channel and state dimension, and its ``C``: what

@@ -28,7 +28,9 @@ parameter takes a gradient as it did before, holding none from the run.
 
 The clean run's backward runs through each recurrent mixer as its kind says
 (``RecurrentMixer.backward_through_adjoint``): on Mamba-1, through the scan's adjoint rather than
-autograd's record of transformers' token loop, whose backward is quadratic in the prompt.
+autograd's record of transformers' token loop, whose backward is quadratic in the prompt. That
+backward forms the clean run's states and their adjoint, so it also estimates the corrupt run's
+states (``AdjointRoute.state_patch_estimates``), and the clean run reads nothing for them.
 
 A value nnsight serves no gradient for (one computed beside the forward rather than used by it:
 a mixture of experts' slots, head outputs served as a reshaped copy, as Bloom's) raises ``Unavailable``.
@@ -151,13 +153,21 @@ def attribution_patch(
         # without a cache: a forward that updates one in place (RWKV's) leaves autograd nothing to run back through
         with _gradients_of_activations_only(model._module), model.trace(clean_ids, use_cache=False):
             for block, owner, group in groups:
+                states = next((place for place in group if place.value == STATES), None)
                 # every recurrent mixer the metric's gradient runs back through, chosen or not
-                routed = block.recurrent.backward_through_adjoint() if owner == RECURRENT else None
+                route = (
+                    block.recurrent.backward_through_adjoint(None if states is None else states.corrupt)
+                    if owner == RECURRENT
+                    else None
+                )
                 for place in group:
-                    if place.value == STATES:
+                    if place is states and route is not None and route.state_patch_estimates is not None:
+                        place.served = route.state_patch_estimates  # the backward estimates it: its gradient
+                        continue
+                    if place is states:
                         place.clean = [tensor.save() for tensor in place.owner.state_patch_inputs()]
-                    if place.value in (STATES, HEAD_OUTPUTS) and routed is not None:
-                        place.served = routed  # the head outputs the forward now goes on with, read once
+                    if place.value in (STATES, HEAD_OUTPUTS) and route is not None:
+                        place.served = route.head_outputs  # the head outputs the forward now goes on with, read once
                     else:
                         # a state's gradient starts from its head outputs'
                         place.served = getattr(
@@ -230,6 +240,8 @@ class _Place:
 
     def estimate(self) -> Tensor:
         """The difference of the runs times the gradient, as the module says, for this block: ``[seq, ...]``."""
+        if self.value == STATES and self.clean is None:  # estimated by the backward, as its probe's gradient
+            return self.gradient[0]
         if self.value == STATES:
             return type(self.owner).state_patch_estimates(tuple(self.clean), tuple(self.corrupt), self.gradient)[0]
         # the corrupt run's copy is this function's own: the difference goes in place

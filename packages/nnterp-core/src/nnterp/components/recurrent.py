@@ -25,7 +25,7 @@ is a declaration plus its math, one module each:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from nnsight.intervention.interleaver import Mediator
@@ -61,6 +61,17 @@ def needs_token_place(envoy: "RecurrentMixer") -> str | None:
         f"state after a token is not one place tracer.iter can step to; read states or state_after(t), and write "
         f"set_state_after(t, value), instead"
     )
+
+
+class AdjointRoute(NamedTuple):
+    """A call's backward routed through its recurrence's adjoint (``RecurrentMixer.backward_through_adjoint``)."""
+
+    #: the head outputs the forward goes on with, as ``attention_head_outputs`` serves them: their gradient is the
+    #: one the call's backward starts from
+    head_outputs: torch.Tensor
+    #: zeros, ``[batch, seq, heads]``, whose gradient after the backward is the estimate of patching another run's
+    #: states into this one (``RecurrentMixer.state_patch_estimates``), or ``None`` where none was asked for
+    state_patch_estimates: torch.Tensor | None
 
 
 class RecurrentMixer(CallSite, CallOrder, Sublayer):
@@ -292,7 +303,7 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         """
         return False
 
-    def backward_through_adjoint(self) -> torch.Tensor | None:
+    def backward_through_adjoint(self, corrupt: tuple[torch.Tensor, ...] | None = None) -> AdjointRoute | None:
         """Inside a trace that takes gradients: route this call's backward through its recurrence's adjoint.
 
         The forward goes on with the kernel's own output; only the path the
@@ -304,10 +315,12 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
         ``nnterp.analysis.attribution_patch`` calls it on every mixer of its
         clean run. Call it before reading the call's values.
 
-        Returns the head outputs the forward goes on with, as
-        ``attention_head_outputs`` serves them, where it wrote them (their
-        gradient is the one the call's backward starts from; read them here,
-        not again), else ``None``.
+        ``corrupt`` is what ``state_patch_inputs`` read on another run of this
+        call: the backward, which runs the adjoint anyway, then also estimates
+        patching that run's states into this one, where the kind can.
+
+        Returns the ``AdjointRoute`` where it routed (read the head outputs
+        there, not again), else ``None``.
         """
         return None
 
