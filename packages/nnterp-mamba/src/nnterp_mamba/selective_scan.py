@@ -369,18 +369,18 @@ class SelectiveScan(RecurrentMixer):
         return AdjointRoute(routed, probe)
 
     def state_gradient_inputs(self) -> tuple[torch.Tensor, ...]:
-        """The call's log decay ``dt A`` per token, channel and state dimension, and its ``C``: what
-        ``state_gradients`` reads."""
+        """The call's step sizes ``dt`` per token and channel, its ``A`` and its ``C``: what ``state_gradients``
+        reads. The log decays ``dt A``, a state's size per token, are formed there, when they are needed."""
         dt, C = self._sequence_arguments("dt", "C")
         step = step_sizes(dt.detach(), self.argument("dt_bias"), bool(self.argument("dt_softplus")))
-        return step.transpose(1, 2)[..., None] * self.argument("A").detach().float(), C.detach()
+        return step.transpose(1, 2), self.argument("A").detach().float(), C.detach()
 
     @classmethod
     def state_gradients(cls, inputs: tuple[torch.Tensor, ...], head_output_gradients: torch.Tensor) -> ScanStates:
         """The scan's adjoint (``gradients.selective_scan_state_gradients``) from ``state_gradient_inputs`` and the
         gradient of ``attention_head_outputs`` ([batch, seq, channels]), [batch, seq, channels, state_dim]."""
-        log_decay, C = inputs
-        return selective_scan_state_gradients(log_decay, C, head_output_gradients.transpose(1, 2))
+        step, rate, C = inputs
+        return selective_scan_state_gradients(step[..., None] * rate, C, head_output_gradients.transpose(1, 2))
 
     # -- token mixing ----------------------------------------------------------------------
 
