@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .trajectory import selective_scan_states, step_sizes
@@ -41,9 +40,13 @@ def selective_scan_state_gradients(log_decay: Tensor, C: Tensor, head_output_gra
     backwards, each written in place into its slot; every token's decays and slot are one
     contiguous slice.
     """
+    return _adjoint(log_decay.float().exp(), C, head_output_gradients)
+
+
+def _adjoint(decays: Tensor, C: Tensor, head_output_gradients: Tensor) -> Tensor:
+    """``selective_scan_state_gradients`` from the decays ``exp(dt_t A)`` themselves."""
     batch, channels, seq = head_output_gradients.shape
     reading, gradients = C.float().transpose(1, 2), head_output_gradients.float().transpose(1, 2)
-    decays = log_decay.float().exp()
     result = torch.empty(batch, seq, channels, C.shape[1], device=gradients.device)
     torch.mul(gradients[..., None], reading[:, :, None], out=result)  # each token's own readout
     for t in reversed(range(seq - 1)):
@@ -79,7 +82,6 @@ class SelectiveScanAdjoint(torch.autograd.Function):
         *arguments, patched_states = ctx.saved_tensors
         x, dt, A, B, C, D, dt_bias = arguments
         states = selective_scan_states(x, dt, A, B, dt_bias=dt_bias, softplus=ctx.softplus, dtype=torch.float32)
-        before = F.pad(states[:, :-1], (0, 0, 0, 0, 1, 0))  # [batch, seq, channels, state_dim], zeros first
         needed = dict(zip(("x", "dt", "A", "B", "C", "D", "dt_bias"), ctx.needs_input_grad, strict=False))
         with torch.enable_grad():
             # a frozen model's parameters (attribution's run) take no gradient: A's, D's and the bias's go uncomputed
@@ -87,11 +89,15 @@ class SelectiveScanAdjoint(torch.autograd.Function):
             step = step_sizes(leaves[0], dt_bias if leaves[1] is None else leaves[1], ctx.softplus)
         rate, written = A.float(), step.detach() * x.float()  # [channels, state_dim], [batch, channels, seq]
         keys, gradients = B.float(), output_gradients.float()
-        log_decay = step.detach().transpose(1, 2)[..., None] * rate  # [batch, seq, channels, state_dim]
-        adjoint = selective_scan_state_gradients(log_decay, C, gradients)
+        decays = (step.detach().transpose(1, 2)[..., None] * rate).exp_()  # [batch, seq, channels, state_dim]
+        adjoint = _adjoint(decays, C, gradients)
         of_probe = None if patched_states is None else (patched_states.float() - states).mul_(adjoint).sum(-1)
-        # h_t = exp(log_decay_t) h_{t-1} + (dt x)_t B_t: the gradient of log_decay_t is the decayed state's
-        of_log_decay = log_decay.exp_().mul_(before).mul_(adjoint)
+        # h_t = exp(log_decay_t) h_{t-1} + (dt x)_t B_t: the gradient of log_decay_t is the decayed state's, the
+        # state before the first token zero; written over the decays, which are read no more
+        of_log_decay = decays
+        of_log_decay[:, 0] = 0
+        of_log_decay[:, 1:].mul_(states[:, :-1])
+        of_log_decay.mul_(adjoint)
         of_written = torch.einsum("btcn,bnt->bct", adjoint, keys)
         of_step = torch.einsum("btcn,cn->bct", of_log_decay, rate) + of_written * x.float()
         # y = C . h + D x
