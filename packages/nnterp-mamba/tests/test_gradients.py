@@ -10,7 +10,8 @@ from transformers.models.mamba import modeling_mamba
 from nnterp.analysis import attribution_patch
 from nnterp.testing import PROMPT, mild_decays, tiny_standardized
 from nnterp_mamba import gradients
-from nnterp_mamba.gradients import SelectiveScanAdjoint
+from nnterp_mamba.gradients import SelectiveScanAdjoint, SelectiveScanRun, selective_scan_state_patch_estimates
+from nnterp_mamba.trajectory import selective_scan_states
 
 SCAN = inspect.unwrap(modeling_mamba.mamba_selective_scan)
 #: The names of the scan's differentiable arguments, in SelectiveScanAdjoint's order.
@@ -91,3 +92,28 @@ def test_attribution_routes_every_mixers_backward_through_the_adjoint(monkeypatc
     assert len(taken) == len(model.layers)
     assert looped.scores.abs().max() > 0
     torch.testing.assert_close(routed["layer_output"].scores, looped.scores, rtol=1e-4, atol=1e-9)
+
+
+def test_the_state_patch_estimate_is_the_states_difference_times_the_adjoint():
+    """(corrupt h_t - clean h_t) . G_t per token and channel, against the chunked trajectories and the adjoint, with
+    the runs' x, B and steps apart from token 5 on: exactly zero before it."""
+    x, dt, A, B, C, _, dt_bias = (tensor.detach() for tensor in scan_arguments(40, torch.float32))
+    generator = torch.Generator().manual_seed(6)
+    other = [tensor.clone() for tensor in (x, dt, B)]
+    for tensor in other:
+        tensor[..., 5:] += torch.randn(tensor[..., 5:].shape, generator=generator)
+    runs = [
+        SelectiveScanRun(torch.nn.functional.softplus(step + dt_bias[:, None]), inputs, keys, C, A)
+        for inputs, step, keys in ((x, dt, B), other)
+    ]
+    weights = torch.randn(BATCH, 40, CHANNELS, generator=torch.Generator().manual_seed(7))
+    found = selective_scan_state_patch_estimates(*runs, weights)
+
+    states = [selective_scan_states(run.x, run.step, A, run.B, softplus=False) for run in runs]
+    log_decay = runs[0].step.transpose(1, 2)[..., None] * A
+    adjoint = gradients.selective_scan_state_gradients(log_decay, C, weights.transpose(1, 2))
+    expected = ((states[1] - states[0]) * adjoint).sum(-1)
+    assert found.shape == (BATCH, 40, CHANNELS)
+    assert (found[:, :5] == 0).all(), "where the runs agree the estimate is not zero"
+    torch.testing.assert_close(found, expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max()))
+    assert expected[:, 5:].abs().max() > 1e-2

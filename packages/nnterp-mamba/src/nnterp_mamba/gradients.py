@@ -22,12 +22,12 @@ elementwise operations that make ``a``, ``w`` and ``y`` from the arguments.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from .trajectory import selective_scan_states, step_sizes
+from .trajectory import step_sizes
 
 
 @torch.no_grad()
@@ -41,6 +41,57 @@ def selective_scan_state_gradients(log_decay: Tensor, C: Tensor, head_output_gra
     contiguous slice.
     """
     return _adjoint(log_decay.float().exp(), C, head_output_gradients)
+
+
+class SelectiveScanRun(NamedTuple):
+    """What the state patch estimate needs of one run of a prompt's scan call (which starts from zeros), float32."""
+
+    #: ``dt`` after its bias and softplus, ``[batch, channels, seq]``
+    step: Tensor
+    #: ``[batch, channels, seq]``
+    x: Tensor
+    #: the keys, ``[batch, state_dim, seq]``
+    B: Tensor
+    #: the queries, ``[batch, state_dim, seq]``
+    C: Tensor
+    #: ``[channels, state_dim]``
+    A: Tensor
+
+
+@torch.no_grad()
+def selective_scan_state_patch_estimates(
+    clean: SelectiveScanRun, corrupt: SelectiveScanRun, head_output_gradients: Tensor
+) -> Tensor:
+    """``(corrupt h_t - clean h_t) . G_t`` per token and channel, ``[batch, seq, channels]`` float32, ``G_t`` the clean
+    run's adjoint from ``head_output_gradients`` ``[batch, seq, channels]``.
+
+    Both runs' states are formed by one loop (``_states``), so where the runs agree the estimate is exactly zero.
+    """
+    decays = _decays(clean.step, clean.A)
+    adjoint = _adjoint(decays, clean.C, head_output_gradients.transpose(1, 2))
+    return _patch_estimates(corrupt, _states(decays, clean.step * clean.x, clean.B), adjoint)
+
+
+def _patch_estimates(corrupt: SelectiveScanRun, states: Tensor, adjoint: Tensor) -> Tensor:
+    """``(corrupt h_t - h_t) . G_t`` per token and channel, from this run's ``states`` and their ``adjoint``."""
+    patch = _states(_decays(corrupt.step, corrupt.A), corrupt.step * corrupt.x, corrupt.B).sub_(states)
+    return patch.mul_(adjoint).sum(-1)
+
+
+def _decays(step: Tensor, A: Tensor) -> Tensor:
+    """``exp(dt_t A)``, ``[batch, seq, channels, state_dim]`` float32, from the steps ``[batch, channels, seq]``."""
+    return (step.float().transpose(1, 2)[..., None] * A.float()).exp_()
+
+
+def _states(decays: Tensor, written: Tensor, keys: Tensor) -> Tensor:
+    """The state after each token from zeros, ``[batch, seq, channels, state_dim]`` float32, one step per token
+    over the decays ``exp(dt_t A)`` the adjoint reads too: ``written`` is ``dt x`` ``[batch, channels, seq]``, ``keys``
+    the scan's ``B`` ``[batch, state_dim, seq]``."""
+    result = torch.empty_like(decays)
+    torch.mul(written.transpose(1, 2)[..., None], keys.transpose(1, 2)[:, :, None], out=result)  # each token's write
+    for t in range(1, result.shape[1]):
+        result[:, t].addcmul_(result[:, t - 1], decays[:, t])
+    return result
 
 
 def _adjoint(decays: Tensor, C: Tensor, head_output_gradients: Tensor) -> Tensor:
@@ -64,24 +115,23 @@ class SelectiveScanAdjoint(torch.autograd.Function):
     the kernel computed it and routes the gradient through the adjoint. Tokens
     come first in what it computes, so each token's slice is contiguous.
 
-    ``patched_states`` (``[batch, seq, channels, state_dim]``, or ``None``)
-    are another run's states after every token, and ``probe`` zeros
-    ``[batch, seq, channels]``: the backward, which forms this run's states
-    and their adjoint anyway, gives ``probe`` the gradient ``(patched - h_t) .
-    G_t`` per token and channel, the first-order effect of patching them in.
+    ``corrupt`` (a ``SelectiveScanRun``, or ``None``) is another run of the
+    call, and ``probe`` zeros ``[batch, seq, channels]``: the backward, which
+    forms this run's states and their adjoint anyway, gives ``probe`` the
+    gradient ``(corrupt h_t - h_t) . G_t`` per token and channel, the
+    first-order effect of patching that run's states in
+    (``selective_scan_state_patch_estimates``).
     """
 
     @staticmethod
-    def forward(ctx: Any, x, dt, A, B, C, D, dt_bias, softplus, patched_states, probe) -> Tensor:
-        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, patched_states)
-        ctx.softplus = softplus
+    def forward(ctx: Any, x, dt, A, B, C, D, dt_bias, softplus, corrupt, probe) -> Tensor:
+        ctx.save_for_backward(x, dt, A, B, C, D, dt_bias)
+        ctx.softplus, ctx.corrupt = softplus, corrupt
         return torch.zeros_like(x)
 
     @staticmethod
     def backward(ctx: Any, output_gradients: Tensor) -> tuple[Tensor | None, ...]:
-        *arguments, patched_states = ctx.saved_tensors
-        x, dt, A, B, C, D, dt_bias = arguments
-        states = selective_scan_states(x, dt, A, B, dt_bias=dt_bias, softplus=ctx.softplus, dtype=torch.float32)
+        x, dt, A, B, C, D, dt_bias = arguments = ctx.saved_tensors
         needed = dict(zip(("x", "dt", "A", "B", "C", "D", "dt_bias"), ctx.needs_input_grad, strict=False))
         with torch.enable_grad():
             # a frozen model's parameters (attribution's run) take no gradient: A's, D's and the bias's go uncomputed
@@ -89,9 +139,9 @@ class SelectiveScanAdjoint(torch.autograd.Function):
             step = step_sizes(leaves[0], dt_bias if leaves[1] is None else leaves[1], ctx.softplus)
         rate, written = A.float(), step.detach() * x.float()  # [channels, state_dim], [batch, channels, seq]
         keys, gradients = B.float(), output_gradients.float()
-        decays = (step.detach().transpose(1, 2)[..., None] * rate).exp_()  # [batch, seq, channels, state_dim]
-        adjoint = _adjoint(decays, C, gradients)
-        of_probe = None if patched_states is None else (patched_states.float() - states).mul_(adjoint).sum(-1)
+        decays = _decays(step.detach(), rate)  # [batch, seq, channels, state_dim]
+        states, adjoint = _states(decays, written, keys), _adjoint(decays, C, gradients)
+        of_probe = None if ctx.corrupt is None else _patch_estimates(ctx.corrupt, states, adjoint)
         # h_t = exp(log_decay_t) h_{t-1} + (dt x)_t B_t: the gradient of log_decay_t is the decayed state's, the
         # state before the first token zero; written over the decays, which are read no more
         of_log_decay = decays

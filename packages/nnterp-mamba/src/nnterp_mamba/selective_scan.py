@@ -19,7 +19,12 @@ from nnterp.layouts import CHANNELS, ScanDecays, ScanMixing, ScanQK, ScanState, 
 from nnterp.order import standard_path
 from nnterp.positions import Positions
 
-from .gradients import SelectiveScanAdjoint, selective_scan_state_gradients
+from .gradients import (
+    SelectiveScanAdjoint,
+    SelectiveScanRun,
+    selective_scan_state_gradients,
+    selective_scan_state_patch_estimates,
+)
 from .mixing import selective_scan_mixing, selective_scan_readout
 from .trajectory import entering_contribution, selective_scan_outputs, selective_scan_states, step_sizes
 
@@ -349,10 +354,10 @@ class SelectiveScan(RecurrentMixer):
         ``attention_head_outputs`` keeps the kernel's value, and the route's
         head outputs are the tensor the forward goes on with: unlike the served
         view, it takes a gradient. With ``corrupt`` (``state_patch_inputs`` of
-        another run, its states after every token last), the backward pairs
-        those states with the adjoint it forms, and this run's states, which
-        it forms too, per channel. A decode step's update, and an optimized
-        kernel, keep their own backward.
+        another run), the backward forms that run's states as it forms this
+        run's, and pairs their difference with the adjoint, per channel. A
+        decode step's update, and an optimized kernel, keep their own
+        backward.
         """
         if self.decoding() or needs_torch_kernels(self) is not None:
             return None
@@ -361,7 +366,7 @@ class SelectiveScan(RecurrentMixer):
         adjoint = SelectiveScanAdjoint.apply(
             *(self.argument(name) for name in ("hidden_states", "dt", "A", "B", "C", "D", "dt_bias")),
             bool(self.argument("dt_softplus")),
-            None if corrupt is None else corrupt[-1],
+            None if corrupt is None else SelectiveScanRun(*corrupt),
             None if probe is None else probe.requires_grad_(),
         )
         routed = self.attention_head_outputs.detach() + adjoint.transpose(1, 2)
@@ -381,6 +386,23 @@ class SelectiveScan(RecurrentMixer):
         gradient of ``attention_head_outputs`` ([batch, seq, channels]), [batch, seq, channels, state_dim]."""
         step, rate, C = inputs
         return selective_scan_state_gradients(step[..., None] * rate, C, head_output_gradients.transpose(1, 2))
+
+    def state_patch_inputs(self) -> tuple[torch.Tensor, ...]:
+        """The prompt call's steps, x, B, C and A (``gradients.SelectiveScanRun``), float32, detached: its states
+        are formed where the estimate is taken, by one loop for both runs."""
+        x, dt, B, C = (tensor.detach() for tensor in self._sequence_arguments("hidden_states", "dt", "B", "C"))
+        step = step_sizes(dt, self.argument("dt_bias"), bool(self.argument("dt_softplus"))).detach()
+        return SelectiveScanRun(step, x.float(), B.float(), C.float(), self.argument("A").detach().float())
+
+    @classmethod
+    def state_patch_estimates(
+        cls, clean: tuple[torch.Tensor, ...], corrupt: tuple[torch.Tensor, ...], head_output_gradients: torch.Tensor
+    ) -> torch.Tensor:
+        """The patch estimate (``gradients.selective_scan_state_patch_estimates``), where the backward is not routed
+        (``backward_through_adjoint`` estimates it itself)."""
+        return selective_scan_state_patch_estimates(
+            SelectiveScanRun(*clean), SelectiveScanRun(*corrupt), head_output_gradients
+        )
 
     # -- token mixing ----------------------------------------------------------------------
 
