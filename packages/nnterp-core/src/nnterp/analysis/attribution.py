@@ -50,6 +50,7 @@ from nnsight.intervention.interleaver import OutOfOrderError
 from torch import Tensor
 
 from ..availability import Unavailable
+from ..components.layer import ATTENTION, RECURRENT_MIXER
 from .blocks import Mixers, block_indices, known, mixers, token_ids
 
 #: What ``attribution_patch`` estimates, in the order a block's forward makes them.
@@ -68,8 +69,6 @@ ESTIMATED = (
 PER_ELEMENT = ("mlp.mlp_neurons",)
 #: The recurrent state after each token, estimated through the adjoint of its recurrence.
 STATES = "linear_attn.states"
-#: The standard names of a block's recurrent mixer and its attention.
-RECURRENT, ATTENTION = "linear_attn", "self_attn"
 #: A recurrent mixer's head outputs, which the gradient of its states starts from.
 HEAD_OUTPUTS = "linear_attn.attention_head_outputs"
 
@@ -157,7 +156,7 @@ def attribution_patch(
                 # every recurrent mixer the metric's gradient runs back through, chosen or not
                 route = (
                     block.recurrent.backward_through_adjoint(None if states is None else states.corrupt)
-                    if owner == RECURRENT
+                    if owner == RECURRENT_MIXER
                     else None
                 )
                 for place in group:
@@ -201,7 +200,7 @@ def attribution_patch(
 
 def _in_forward_order(model: Any, places: list[_Place]) -> list[tuple[Mixers | None, str | None, list[_Place]]]:
     """``places`` grouped as the forward reaches them: block by block, a group per sequence mixer in the order the
-    block runs them (``RECURRENT`` or ``ATTENTION``; the recurrent one's even without places, for its backward's
+    block runs them (``RECURRENT_MIXER`` or ``ATTENTION``; the recurrent one's even without places, for its backward's
     route), then one of the block's other values (``None``)."""
     blocks = {block.layer: block for block in mixers(model)}
     groups: list[tuple[Mixers | None, str | None, list[_Place]]] = []
@@ -210,7 +209,7 @@ def _in_forward_order(model: Any, places: list[_Place]) -> list[tuple[Mixers | N
         owners = (
             []
             if block is None
-            else [RECURRENT if mixer is block.recurrent else ATTENTION for mixer in block.in_forward_order()]
+            else [RECURRENT_MIXER if mixer is block.recurrent else ATTENTION for mixer in block.in_forward_order()]
         )
         at_layer = [place for place in places if place.layer == layer]
         for owner in owners:

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from ..components.layer import ATTENTION, RECURRENT_MIXER
+
 if TYPE_CHECKING:
     from ..components.recurrent import RecurrentMixer
 
@@ -47,14 +49,14 @@ def mixers(model: Any, layers: Iterable[int] | None = None) -> list[Mixers]:
     found = []
     for layer in chosen:
         block = model.layers[layer]
-        recurrent, attention = getattr(block, "linear_attn", None), getattr(block, "self_attn", None)
+        recurrent, attention = getattr(block, RECURRENT_MIXER, None), getattr(block, ATTENTION, None)
         if recurrent is not None or attention is not None:
             both = recurrent is not None and attention is not None
             found.append(Mixers(layer, recurrent, attention, both and block.attention_first()))
         elif layers is not None:
             raise ValueError(
-                f"layers[{layer}] has no sequence mixer (no linear_attn, no self_attn): nothing there reads earlier "
-                f"tokens; leave it out of layers"
+                f"layers[{layer}] has no sequence mixer (no {RECURRENT_MIXER}, no {ATTENTION}): nothing there reads "
+                f"earlier tokens; leave it out of layers"
             )
     return found
 

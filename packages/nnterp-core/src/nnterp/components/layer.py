@@ -16,6 +16,8 @@ from .standard import Standard
 PARALLEL = "a parallel block: the attention and the MLP read the same input, so there is no stream between them"
 POST_NORM_ATTENTION = "a post-norm block: the attention reads the residual stream itself, layer_input"
 POST_NORM_MLP = "a post-norm block: the MLP reads the residual stream between the sublayers, layer_mid"
+#: The standard names of a block's sequence mixers: its recurrent mixer and its softmax attention.
+RECURRENT_MIXER, ATTENTION = "linear_attn", "self_attn"
 
 
 class Layer(Standard):
@@ -56,7 +58,7 @@ class Layer(Standard):
         Raises:
             NotInForward: the forward does not itself call both attributes, so the order cannot be read.
         """
-        recurrent, attention = getattr(self, "linear_attn", None), getattr(self, "self_attn", None)
+        recurrent, attention = getattr(self, RECURRENT_MIXER, None), getattr(self, ATTENTION, None)
         if recurrent is None or attention is None:
             return False
         paths = {id(module): path for path, module in self._module.named_modules()}
@@ -67,7 +69,7 @@ class Layer(Standard):
         if len(first) < len(set(holders)) or len(set(holders)) == 1:
             raise NotInForward(
                 f"{forward.name} (transformers {transformers.__version__}) was expected to call self.{holders[0]} "
-                f"(holding linear_attn) and self.{holders[1]} (holding self_attn) itself; it calls "
+                f"(holding {RECURRENT_MIXER}) and self.{holders[1]} (holding {ATTENTION}) itself; it calls "
                 f"{sorted(set(name for name in called if name and name.startswith('self.')))}, so which runs first "
                 f"cannot be read"
             )
