@@ -113,9 +113,9 @@ def _paired_estimates(clean: _DeltaRule, corrupt: _DeltaRule, query: Tensor, hea
     reading = chunked(reading_queries(query.repeat_interleave(heads // query.shape[2], dim=2), clean.use_qk_l2norm))
     gradients = chunked(head_output_gradients)
     # later[i, r] = exp(H_r - H_i) for r >= i, and strictly for r > i
-    diagonal = torch.ones(clean.chunk_size, clean.chunk_size, dtype=torch.bool, device=keys.device)
-    later = _pairwise_decay(held.unsqueeze(-1), held.unsqueeze(-1), diagonal.triu(1)).squeeze(-1).transpose(-1, -2)
-    strictly_later = later.masked_fill(diagonal.diag().diag_embed(), 0.0)
+    after = torch.ones(clean.chunk_size, clean.chunk_size, dtype=torch.bool, device=keys.device).triu(1)
+    later = _pairwise_decay(held.unsqueeze(-1), held.unsqueeze(-1), after).squeeze(-1).transpose(-1, -2)
+    strictly_later = later.masked_fill(torch.eye(clean.chunk_size, dtype=torch.bool, device=keys.device), 0.0)
     to_end, since_start = (held[..., -1:] - held).exp(), held.exp()
 
     # the adjoint's corrections, eta = from_zero + from_leaving @ R, every chunk in one solve
@@ -142,7 +142,7 @@ def _paired_estimates(clean: _DeltaRule, corrupt: _DeltaRule, query: Tensor, hea
         """``S_t . L_t`` of one run, ``[batch, heads, chunks, chunk]``."""
         starts, written, kept = starts.transpose(1, 2), torch.stack(writes, dim=2), run.gates.squeeze(-1).cumsum(-1)
         # earlier[t, j] = exp(G_t - G_j) for j <= t
-        earlier = _pairwise_decay(kept.unsqueeze(-1), kept.unsqueeze(-1), diagonal.triu(1)).squeeze(-1)
+        earlier = _pairwise_decay(kept.unsqueeze(-1), kept.unsqueeze(-1), after).squeeze(-1)
         read_pairs = (reading @ run.keys.transpose(-1, -2)) * (gradients @ written.transpose(-1, -2))  # [r, j]
         removed_pairs = (keys @ run.keys.transpose(-1, -2)) * (corrections @ written.transpose(-1, -2))
         within = ((later @ read_pairs - strictly_later @ removed_pairs) * earlier).sum(-1)

@@ -108,7 +108,7 @@ def _adjoint(decays: Tensor, C: Tensor, head_output_gradients: Tensor) -> Tensor
 class SelectiveScanAdjoint(torch.autograd.Function):
     """Zeros in the forward; in the backward, the gradient of the scan's ``y`` with respect to its arguments.
 
-    ``apply(x, dt, A, B, C, D, dt_bias, softplus, patched_states, probe)``
+    ``apply(x, dt, A, B, C, D, dt_bias, softplus, corrupt, probe)``
     takes the prompt kernel's arguments as it takes them (channel-first,
     ``dt`` before its bias); the kernel starts from zeros, and so does its
     adjoint. Added to the kernel's own ``y`` detached, it leaves the value as
