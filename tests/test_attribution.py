@@ -288,6 +288,26 @@ def test_a_mamba2_state_estimate_is_the_state_patch_times_its_gradient():
         assert estimate.scores[index].abs().max() > 1e-6, f"layers[{layer}]: the estimate is all but zero"
 
 
+@pytest.mark.parametrize("name", ["qwen3_5_text", "mamba", "mamba2"])
+def test_a_kind_declaring_only_its_state_gradients_is_estimated_by_the_default(name, monkeypatch):
+    """``RecurrentMixer.state_patch_inputs`` and ``state_patch_estimates`` by default (the adjoint times the
+    difference of the two trajectories), which a plugin declaring only ``state_gradients`` gets, give what each
+    shipped kind's own estimate gives: in chunks, or in Mamba-1's routed backward (its route then left to route
+    the head outputs' gradient only)."""
+    model = mild_decays(tiny_standardized(name, dtype=torch.float64))
+    own = attribution_patch(model, PROMPT, CORRUPT, values=["linear_attn.states"])["linear_attn.states"]
+    kind = type(model.layers[own.layers[0]].linear_attn)
+    route = kind.backward_through_adjoint
+    monkeypatch.setattr(kind, "backward_through_adjoint", lambda self, corrupt=None: route(self))
+    monkeypatch.setattr(kind, "state_patch_inputs", nnterp.RecurrentMixer.state_patch_inputs)
+    monkeypatch.setattr(
+        kind, "state_patch_estimates", classmethod(nnterp.RecurrentMixer.state_patch_estimates.__func__)
+    )
+    default = attribution_patch(model, PROMPT, CORRUPT, values=["linear_attn.states"])["linear_attn.states"]
+    assert own.scores.abs().max() > 1e-6
+    torch.testing.assert_close(default.scores, own.scores, rtol=1e-4, atol=1e-9)
+
+
 def test_a_model_whose_cache_is_updated_in_place_is_attributed():
     """RWKV's forward writes its cache's states in place, which autograd cannot run back through: the runs go
     without a cache."""
