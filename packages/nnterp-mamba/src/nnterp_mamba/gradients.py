@@ -38,9 +38,13 @@ def selective_scan_state_gradients(log_decay: Tensor, C: Tensor, head_output_gra
     state_dim]``; ``C`` the scan's ``[batch, state_dim, seq]``; ``head_output_gradients`` the
     gradient with respect to its output ``y``, ``[batch, channels, seq]``. One step per token,
     backwards, each written in place into its slot; every token's decays and slot are one
-    contiguous slice.
+    contiguous slice, whatever ``log_decay``'s layout.
     """
-    return _adjoint(log_decay.float().exp(), C, head_output_gradients)
+    return _adjoint(
+        torch.exp(log_decay.float(), out=torch.empty(log_decay.shape, device=log_decay.device)),
+        C,
+        head_output_gradients,
+    )
 
 
 class SelectiveScanRun(NamedTuple):
@@ -80,29 +84,37 @@ def _patch_estimates(corrupt: SelectiveScanRun, states: Tensor, adjoint: Tensor)
 
 def _decays(step: Tensor, A: Tensor) -> Tensor:
     """``exp(dt_t A)``, ``[batch, seq, channels, state_dim]`` float32, from the steps ``[batch, channels, seq]``."""
-    return (step.float().transpose(1, 2)[..., None] * A.float()).exp_()
+    batch, channels, seq = step.shape
+    result = torch.empty(batch, seq, channels, A.shape[1], device=step.device)
+    return torch.mul(_tokens_first(step)[..., None], A.float(), out=result).exp_()
 
 
 def _states(decays: Tensor, written: Tensor, keys: Tensor) -> Tensor:
     """The state after each token from zeros, ``[batch, seq, channels, state_dim]`` float32, one step per token
     over the decays ``exp(dt_t A)`` the adjoint reads too: ``written`` is ``dt x`` ``[batch, channels, seq]``, ``keys``
     the scan's ``B`` ``[batch, state_dim, seq]``."""
-    result = torch.empty_like(decays)
-    torch.mul(written.transpose(1, 2)[..., None], keys.transpose(1, 2)[:, :, None], out=result)  # each token's write
-    for t in range(1, result.shape[1]):
-        result[:, t].addcmul_(result[:, t - 1], decays[:, t])
+    result = torch.empty(decays.shape, device=decays.device)
+    torch.mul(_tokens_first(written)[..., None], _tokens_first(keys)[:, :, None], out=result)  # each token's write
+    states, kept = result.unbind(1), decays.unbind(1)
+    for t in range(1, len(states)):
+        states[t].addcmul_(states[t - 1], kept[t])
     return result
 
 
 def _adjoint(decays: Tensor, C: Tensor, head_output_gradients: Tensor) -> Tensor:
     """``selective_scan_state_gradients`` from the decays ``exp(dt_t A)`` themselves."""
-    batch, channels, seq = head_output_gradients.shape
-    reading, gradients = C.float().transpose(1, 2), head_output_gradients.float().transpose(1, 2)
-    result = torch.empty(batch, seq, channels, C.shape[1], device=gradients.device)
-    torch.mul(gradients[..., None], reading[:, :, None], out=result)  # each token's own readout
-    for t in reversed(range(seq - 1)):
-        result[:, t].addcmul_(result[:, t + 1], decays[:, t + 1])
+    result = torch.empty(decays.shape, device=decays.device)
+    torch.mul(_tokens_first(head_output_gradients)[..., None], _tokens_first(C)[:, :, None], out=result)  # readouts
+    adjoint, kept = result.unbind(1), decays.unbind(1)
+    for t in reversed(range(len(adjoint) - 1)):
+        adjoint[t].addcmul_(adjoint[t + 1], kept[t + 1])
     return result
+
+
+def _tokens_first(value: Tensor) -> Tensor:
+    """``[batch, width, seq]`` as a contiguous ``[batch, seq, width]`` float32: each token's row in one place, so the
+    products that make a state-sized tensor from it write every token's slice contiguously, as the loops read them."""
+    return value.float().transpose(1, 2).contiguous()
 
 
 class SelectiveScanAdjoint(torch.autograd.Function):

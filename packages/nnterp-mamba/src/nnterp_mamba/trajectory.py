@@ -217,9 +217,12 @@ def selective_scan_outputs(
     """
     batch, channels, seq = x.shape
     block = max(1, BLOCK_BYTES // (batch * channels * A.shape[-1] * 4))
-    step = step_sizes(dt, dt_bias, softplus).transpose(1, 2)  # [batch, seq, channels]
+    # tokens first and contiguous, so that the block's products are too: from channel-first views they would keep
+    # the channel-first layout, and each token's slice would be scattered across the block
+    step = step_sizes(dt, dt_bias, softplus).transpose(1, 2).contiguous()  # [batch, seq, channels]
     written = step * x.float().transpose(1, 2)
-    rate, keys, reading = A.float(), B.float().transpose(1, 2), C.float().transpose(1, 2)  # [batch, seq, state_dim]
+    rate = A.float()
+    keys, reading = (value.float().transpose(1, 2).contiguous() for value in (B, C))  # [batch, seq, state_dim]
     state = x.new_zeros(batch, channels, A.shape[-1], dtype=torch.float32)
     if initial_state is not None:
         state.copy_(initial_state)
