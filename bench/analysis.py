@@ -11,22 +11,24 @@ transformers' default kernels. Interleaved per length, so machine noise hits the
   target: at most 3x plain at 1024 tokens); on Mamba-1 for 64 of its 1536 channels, whose whole
   matrix at 1024 tokens would be 6 GiB per mixer;
 - knockout: ``nnterp.analysis.knockout`` of 64 positions of a ``--knockout-length`` prompt,
-  ``--batch`` rows per forward, against one plain forward of that prompt (the naive bound is
-  64 forwards and the target at most 64x);
+  ``--batch`` rows per forward (default: knockout's own), against one plain forward of that
+  prompt (the naive bound is 64 forwards and the target at most 40x);
 - attribution: ``nnterp.analysis.attribution_patch`` of every value the model serves a gradient
   for, at every position of a ``--knockout-length`` prompt, against one plain forward (the target:
   at most 4x), with the recurrent states after every token and without them;
 - causal trace: ``nnterp.analysis.causal_trace`` of a 10-token prompt with 3 subject tokens,
-  restoring the stream at every layer x position, ``--batch`` rows per forward, against the same
-  trace with each restored row run as its own forward (``batch_size=1``; the target: at most 0.6x).
+  restoring the stream at every layer x position, ``--batch`` rows per forward (default:
+  causal_trace's own), against the same trace with each restored row run as its own forward
+  (``batch_size=1``; the target: at most 0.6x).
 
-    python bench/analysis.py [--lengths 1024 4096] [--knockout-length 256] [--batch 16] [--families deltanet mamba ssd]
+    python bench/analysis.py [--lengths 1024 4096] [--knockout-length 256] [--batch N] [--families deltanet mamba ssd]
                              [--runs full rows64 knockout attribution traced]
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 
 import harness
@@ -50,7 +52,7 @@ def options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs=2, default=[1024, 4096], metavar=("FULL", "ROWS64"))
     parser.add_argument("--knockout-length", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--batch", type=int, help="rows per forward (default: each analysis's own batch_size)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
@@ -59,6 +61,11 @@ def options() -> argparse.Namespace:
     if parsed.threads:
         torch.set_num_threads(parsed.threads)
     return parsed
+
+
+def rows_per_forward(analysis, parsed: argparse.Namespace) -> int:
+    """``--batch``, or else ``analysis``'s own ``batch_size``."""
+    return parsed.batch or inspect.signature(analysis).parameters["batch_size"].default
 
 
 def mixing(model, ids: dict[int, torch.Tensor], positions=None, heads=None) -> harness.Run:
@@ -119,9 +126,9 @@ def measure(name: str, parsed: argparse.Namespace) -> dict[tuple[str, int], floa
     timed = {
         "full": (mixing(model, ids, heads=FULL_HEADS.get(name)), full),
         "rows64": (mixing(model, ids, slice(-64, None)), rows64),
-        "knockout": (knocking(model, ids, parsed.batch), parsed.knockout_length),
+        "knockout": (knocking(model, ids, rows_per_forward(knockout, parsed)), parsed.knockout_length),
         "attribution": (attributing(model, ids), parsed.knockout_length),
-        "traced": (tracing(model, ids, parsed.batch), TRACED),
+        "traced": (tracing(model, ids, rows_per_forward(causal_trace, parsed)), TRACED),
     }
     times: dict[tuple[str, int], float] = {}
     for run in parsed.runs:
@@ -134,7 +141,7 @@ def measure(name: str, parsed: argparse.Namespace) -> dict[tuple[str, int], floa
     return times
 
 
-def report(name: str, times: dict[tuple[str, int], float], batch: int) -> None:
+def report(name: str, times: dict[tuple[str, int], float], parsed: argparse.Namespace) -> None:
     family = FAMILIES[name]
     print(f"{family.title}; {torch.get_num_threads()} thread(s), median seconds")
     for (run, n), seconds in times.items():
@@ -143,7 +150,8 @@ def report(name: str, times: dict[tuple[str, int], float], batch: int) -> None:
         if run == "traced":
             alone = times["alone", n]
             print(
-                f"  {n:>5} tokens: causal_trace of the stream at every layer x position, {batch} rows per forward "
+                f"  {n:>5} tokens: causal_trace of the stream at every layer x position, "
+                f"{rows_per_forward(causal_trace, parsed)} rows per forward "
                 f"{seconds:8.3f}; each row its own forward {alone:8.3f} ({seconds / alone:.2f}x, target at most 0.6x)"
             )
             continue
@@ -151,7 +159,7 @@ def report(name: str, times: dict[tuple[str, int], float], batch: int) -> None:
         label = {
             "full": "token_mixing() whole" + (" (64 channels)" if name in FULL_HEADS else ""),
             "rows64": "token_mixing(positions=-64:)",
-            "knockout": f"knockout of {KNOCKED} positions, {batch} per forward",
+            "knockout": f"knockout of {KNOCKED} positions, {rows_per_forward(knockout, parsed)} per forward",
             "attribution": "attribution_patch of every value with a gradient",
         }[run]
         print(f"  {n:>5} tokens: plain {plain:7.3f}; {label} {seconds:8.3f} ({seconds / plain:6.2f}x plain)")
@@ -163,7 +171,7 @@ def report(name: str, times: dict[tuple[str, int], float], batch: int) -> None:
 def main() -> None:
     parsed = options()
     for name in parsed.families:
-        report(name, measure(name, parsed), parsed.batch)
+        report(name, measure(name, parsed), parsed)
         sys.stdout.flush()
 
 

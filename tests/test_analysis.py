@@ -107,13 +107,13 @@ def test_knockout_runs_each_mamba_scan_from_its_arguments(monkeypatch):
     (``run_from_arguments``), not by transformers' loop; what they give is checked against the loop above."""
     model = mild_decays(tiny_standardized("mamba"))
     computed = []
-    outputs = nnterp_mamba.selective_scan.selective_scan_outputs
+    outputs = nnterp_mamba.selective_scan.selective_scan_head_outputs
 
     def counted(*args, **kwargs):
         computed.append(args[-1] is not None)  # whether it continues from an entering state
         return outputs(*args, **kwargs)
 
-    monkeypatch.setattr(nnterp_mamba.selective_scan, "selective_scan_outputs", counted)
+    monkeypatch.setattr(nnterp_mamba.selective_scan, "selective_scan_head_outputs", counted)
     knockout(model, PROMPT, [0, 9, 14], batch_size=2)
     blocks = len(model.layers)
     assert computed == [False] * blocks + [True] * blocks, "a knocked run's scan ran transformers' loop"

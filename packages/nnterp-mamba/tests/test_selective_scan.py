@@ -181,23 +181,24 @@ def test_state_output_of_a_prompt_run_without_a_cache_says_how_to_get_it():
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no_cache"])
 def test_a_prompt_run_from_its_arguments_is_the_kernels_run(use_cache):
     """run_from_arguments skips the kernel with what it returns, the last state with the output where a cache takes
-    it; with gradients on it leaves the kernel to run."""
+    it, and returns the head outputs attention_head_outputs serves on the kernel's run; with gradients on it leaves
+    the kernel to run."""
     model = tiny_standardized("mamba")
     mixers = [layer.linear_attn for layer in model.layers]
     runs: list[dict] = [{}, {}]
     for run, skipping in zip(runs, (False, True), strict=True):
         with torch.no_grad(), model.trace(PROMPT, use_cache=use_cache):
-            run["taken"], run["last"] = [], []
+            run["heads"], run["last"] = [], []
             for mixer in mixers:
-                run["taken"].append(skipping and mixer.run_from_arguments())
+                heads = mixer.run_from_arguments() if skipping else mixer.attention_head_outputs
+                run["heads"].append(heads.clone().save())
                 if use_cache:
                     run["last"].append(mixer.state_output.save())
             run["logits"] = model.logits.save()
     kernel, skipped = runs
-    assert skipped["taken"] == [True] * len(mixers)
     close(skipped["logits"], kernel["logits"])
-    for ours, theirs in zip(skipped["last"], kernel["last"], strict=True):
+    for ours, theirs in zip(skipped["heads"] + skipped["last"], kernel["heads"] + kernel["last"], strict=True):
         close(ours, theirs)
     with model.trace(PROMPT):
         kernel["taken"] = [mixer.run_from_arguments() for mixer in mixers]
-    assert kernel["taken"] == [False] * len(mixers)
+    assert kernel["taken"] == [None] * len(mixers)

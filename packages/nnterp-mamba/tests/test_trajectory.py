@@ -9,7 +9,12 @@ from transformers.models.mamba import modeling_mamba
 
 from nnterp.testing.recurrent import POSITION_IDS, POSITIONS, check_positions, close_relative
 from nnterp_mamba import trajectory
-from nnterp_mamba.trajectory import entering_contribution, selective_scan_outputs, selective_scan_states
+from nnterp_mamba.trajectory import (
+    entering_contribution,
+    gated,
+    selective_scan_head_outputs,
+    selective_scan_states,
+)
 
 # The pure-torch bodies, past the hub dispatcher (which would pick mamba_ssm's compiled kernels if installed).
 STATE_UPDATE = inspect.unwrap(modeling_mamba.mamba_selective_state_update)
@@ -160,13 +165,15 @@ def token_loop_outputs(x, dt, A, B, C, D, z, state, dt_bias):
 @pytest.mark.parametrize("with_state", [False, True], ids=["fresh", "over_state"])
 def test_scan_outputs_are_the_kernels_gated_outputs_and_last_state(with_state, block_bytes, monkeypatch):
     """In blocks of 7 tokens or in one, from zeros as the kernel starts or continuing from a state as a decode step
-    does: the kernel's own loop from zeros, and transformers' one-token update token after token."""
+    does: the head outputs gated are the kernel's own loop's outputs from zeros, and transformers' one-token update's
+    token after token."""
     monkeypatch.setattr(trajectory, "BLOCK_BYTES", block_bytes)
     x, dt, A, B, state, dt_bias = inputs(with_state=with_state, seed=7)
     generator = torch.Generator().manual_seed(8)
     C, z = torch.randn(B.shape, generator=generator), torch.randn(x.shape, generator=generator)
     D = torch.randn(CHANNELS, generator=generator)
-    outputs, last = selective_scan_outputs(x, dt, A, B, C, D, z, state, dt_bias=dt_bias, softplus=True)
+    head_outputs, last = selective_scan_head_outputs(x, dt, A, B, C, D, state, dt_bias=dt_bias, softplus=True)
+    outputs = gated(head_outputs, z)
     assert outputs.shape == x.shape and last.shape == (BATCH, CHANNELS, STATE_DIM)
     expected_outputs, expected_last = token_loop_outputs(x, dt, A, B, C, D, z, state, dt_bias)
     close_relative(outputs, expected_outputs)
@@ -175,3 +182,16 @@ def test_scan_outputs_are_the_kernels_gated_outputs_and_last_state(with_state, b
         kernels = SCAN(x, dt, A, B, C, D, z=z, delta_bias=dt_bias, delta_softplus=True, return_last_state=True)
         close_relative(outputs, kernels[0])
         close_relative(last, kernels[1])
+
+
+def test_a_float64_scans_head_outputs_are_the_float64_kernels():
+    """In a float64 model the kernel computes in float64, and so do the head outputs: equal to its loop far past float32's
+    rounding."""
+    x, dt, A, B, _, dt_bias = inputs(with_state=False, dtype=torch.float64, seed=9)
+    A, dt_bias = A.double(), dt_bias.double()
+    generator = torch.Generator().manual_seed(10)
+    C, D = torch.randn(B.shape, generator=generator).double(), torch.randn(CHANNELS, generator=generator).double()
+    head_outputs, last = selective_scan_head_outputs(x, dt, A, B, C, D, dt_bias=dt_bias, softplus=True)
+    assert head_outputs.dtype == last.dtype == torch.float64
+    kernels = SCAN(x, dt, A, B, C, D, delta_bias=dt_bias, delta_softplus=True, return_last_state=True)
+    torch.testing.assert_close((head_outputs, last), kernels, rtol=1e-12, atol=1e-12)

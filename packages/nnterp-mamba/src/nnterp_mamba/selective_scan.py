@@ -26,7 +26,13 @@ from .gradients import (
     selective_scan_state_patch_estimates,
 )
 from .mixing import selective_scan_mixing, selective_scan_readout
-from .trajectory import entering_contribution, selective_scan_outputs, selective_scan_states, step_sizes
+from .trajectory import (
+    entering_contribution,
+    gated,
+    selective_scan_head_outputs,
+    selective_scan_states,
+    step_sizes,
+)
 
 NO_FINAL_STATE = (
     "this prompt ran without a cache (use_cache=False), so the scan returns no final state; trace with "
@@ -330,36 +336,31 @@ class SelectiveScan(RecurrentMixer):
         )
         return outputs.transpose(1, 2), final
 
-    def run_from_arguments(self, entering: torch.Tensor | None = None) -> bool:
-        """The scan from its arguments and ``entering`` (``trajectory.selective_scan_outputs``), in place of the
-        pure-torch kernel, on a prompt without gradients."""
-        if self.decoding() or torch.is_grad_enabled() or self.segmented() or needs_torch_kernels(self) is not None:
-            return False
-        names = ("hidden_states", "dt", "A", "B", "C", "D", "z")
-        output, last_state = selective_scan_outputs(
-            *(self.argument(name) for name in names),
-            entering,
-            dt_bias=self.argument("dt_bias"),
-            softplus=bool(self.argument("dt_softplus")),
-        )
-        self.skip_call((output, last_state) if self.argument("return_last_state") else output)
-        return True
+    def run_from_arguments(self, entering: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The scan from its arguments and ``entering`` (``trajectory.selective_scan_head_outputs``), in place of the
+        pure-torch kernel, on a prompt without gradients: the head outputs, ``[batch, seq, channels]``."""
+        if torch.is_grad_enabled() or not self._scans_from_arguments():
+            return None
+        head_outputs, last_state = self._head_outputs_from_arguments(entering)
+        self._skip_with(head_outputs, last_state)
+        return head_outputs.transpose(1, 2)
 
     def backward_through_adjoint(self, corrupt: tuple[torch.Tensor, ...] | None = None) -> AdjointRoute | None:
-        """The scan's backward through its adjoint (``gradients.SelectiveScanAdjoint``), on a prompt's pure-torch scan.
+        """The scan from its arguments, its backward through its adjoint (``gradients.SelectiveScanAdjoint``).
 
         autograd's record of transformers' token loop differentiates each
         token's slice of the whole-prompt decays and writes separately, which
         is quadratic in the prompt; the adjoint is one backwards step per token.
-        ``attention_head_outputs`` keeps the kernel's value, and the route's
-        head outputs are the tensor the forward goes on with: unlike the served
-        view, it takes a gradient. With ``corrupt`` (``state_patch_inputs`` of
-        another run), the backward forms that run's states as it forms this
-        run's, and pairs their difference with the adjoint, per channel. A
-        decode step's update, and an optimized kernel, keep their own
-        backward.
+        The forward goes on with the scan computed from the arguments as
+        ``run_from_arguments`` computes it (equal to the kernel's to rounding,
+        and about three times faster), and the route's head outputs are that
+        tensor, which takes a gradient; nothing inside the kernel can be read.
+        With ``corrupt`` (``state_patch_inputs`` of another run), the backward
+        forms that run's states as it forms this run's, and pairs their
+        difference with the adjoint, per channel. A decode step's update, and
+        an optimized kernel, keep their own backward.
         """
-        if self.decoding() or needs_torch_kernels(self) is not None:
+        if not self._scans_from_arguments():
             return None
         x = self.argument("hidden_states")
         probe = None if corrupt is None else x.new_zeros(x.shape[0], x.shape[2], x.shape[1], dtype=torch.float32)
@@ -369,9 +370,31 @@ class SelectiveScan(RecurrentMixer):
             None if corrupt is None else SelectiveScanRun(*corrupt),
             None if probe is None else probe.requires_grad_(),
         )
-        routed = self.attention_head_outputs.detach() + adjoint.transpose(1, 2)
-        self.attention_head_outputs = routed
+        head_outputs, last_state = self._head_outputs_from_arguments(None)
+        # tokens first, as attention_head_outputs serves them: the tensor whose gradient is read is on the path
+        routed = head_outputs.transpose(1, 2) + adjoint.transpose(1, 2)
+        self._skip_with(routed.transpose(1, 2), last_state)
         return AdjointRoute(routed, probe)
+
+    def _scans_from_arguments(self) -> bool:
+        """Whether this call is a prompt's one pure-torch scan, which ``selective_scan_head_outputs`` can take over."""
+        return not (self.decoding() or self.segmented() or needs_torch_kernels(self) is not None)
+
+    def _head_outputs_from_arguments(self, entering: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scan's head outputs (channel-first, ``x``'s dtype) and last state, from its arguments and ``entering``."""
+        names = ("hidden_states", "dt", "A", "B", "C", "D")
+        head_outputs, last_state = selective_scan_head_outputs(
+            *(self.argument(name) for name in names),
+            entering,
+            dt_bias=self.argument("dt_bias"),
+            softplus=bool(self.argument("dt_softplus")),
+        )
+        return head_outputs.to(self.argument("hidden_states").dtype), last_state
+
+    def _skip_with(self, head_outputs: torch.Tensor, last_state: torch.Tensor) -> None:
+        """Skip the kernel call, returning what it returns from these head outputs (channel-first) and last state."""
+        output = gated(head_outputs, self.argument("z"))
+        self.skip_call((output, last_state) if self.argument("return_last_state") else output)
 
     def state_gradient_inputs(self) -> tuple[torch.Tensor, ...]:
         """The call's step sizes ``dt`` per token and channel, its ``A`` and its ``C``: what ``state_gradients``

@@ -30,7 +30,10 @@ The clean run's backward runs through each recurrent mixer as its kind says
 (``RecurrentMixer.backward_through_adjoint``): on Mamba-1, through the scan's adjoint rather than
 autograd's record of transformers' token loop, whose backward is quadratic in the prompt. That
 backward forms the clean run's states and their adjoint, so it also estimates the corrupt run's
-states (``AdjointRoute.state_patch_estimates``), and the clean run reads nothing for them.
+states (``AdjointRoute.state_patch_estimates``), and the clean run reads nothing for them. A kind
+that computes its call from the arguments faster than its pure-torch kernel does so in both runs
+(``RecurrentMixer.run_from_arguments``: Mamba-1's scan, about three times faster than transformers'
+loop), so their values are the kernel's to rounding.
 
 A value nnsight serves no gradient for (one computed beside the forward rather than used by it:
 a mixture of experts' slots, head outputs served as a reshaped copy, as Bloom's) raises ``Unavailable``.
@@ -142,12 +145,18 @@ def attribution_patch(
     groups = _in_forward_order(model, places)
     in_order = [place for _, _, group in groups for place in group]
     with torch.no_grad(), model.trace(corrupt_ids):
-        for place in in_order:
-            if place.value == STATES:
-                place.corrupt = [tensor.save() for tensor in place.owner.state_patch_inputs()]
-            else:
+        for block, owner, group in groups:
+            states = next((place for place in group if place.value == STATES), None)
+            if states is not None:
+                states.corrupt = [tensor.save() for tensor in states.owner.state_patch_inputs()]
+            # what it reads of the call are its arguments and head outputs, which a kind's own run returns
+            computed = block.recurrent.run_from_arguments() if owner == RECURRENT_MIXER else None
+            for place in group:
+                if place is states:
+                    continue
+                served = computed if place.value == HEAD_OUTPUTS and computed is not None else None
                 # a served tensor can be the model's own, which a later write would change
-                place.corrupt = getattr(place.owner, place.name).clone().save()
+                place.corrupt = (served if served is not None else getattr(place.owner, place.name)).clone().save()
     try:
         # without a cache: a forward that updates one in place (RWKV's) leaves autograd nothing to run back through
         with _gradients_of_activations_only(model._module), model.trace(clean_ids, use_cache=False):

@@ -109,7 +109,7 @@ def knockout(
     positions: Iterable[int],
     layers: Iterable[int] | None = None,
     metric: Metric = last_logits,
-    batch_size: int = 16,
+    batch_size: int = 8,
     max_new_tokens: int = 0,
 ) -> torch.Tensor:
     """How knocking out each of ``positions`` changes ``metric``: ``[positions, ...metric's axes]``.
@@ -132,6 +132,13 @@ def knockout(
     mixer whose kind computes its call from the arguments faster than its
     pure-torch kernel does so (``RecurrentMixer.run_from_arguments``: Mamba-1's
     scan, continuing from the cached state itself). Without gradients.
+
+    A run's rows all go from its first knocked position, so smaller runs
+    repeat fewer tokens, at the cost of more calls. The default of 8 rows
+    was the fastest measured on a CPU (``bench/analysis.py``): 64 positions
+    of a 256-token prompt in runs of 16 take about 40 forwards of tokens,
+    in runs of 8 about 36, and 16 rows of 256 tokens cost a CPU forward more
+    per token than 8 rows do (the activations no longer stay in its cache).
 
     With ``max_new_tokens``, each run is a greedy ``generate`` over the whole
     prompt, knocking out on every step, and ``metric`` gets each step's
@@ -208,7 +215,7 @@ def _knock_out_block_by_block(
         entering = None if prefix is None else prefix.states.get(block.layer)
         if entering is not None:
             entering = entering.expand(len(rows), *entering.shape[1:])
-        if block.recurrent is not None and block.recurrent.run_from_arguments(entering):
+        if block.recurrent is not None and block.recurrent.run_from_arguments(entering) is not None:
             continue
         if prefix is not None:
             continue_mixers(prefix, [block], len(rows))

@@ -287,21 +287,23 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
             f"what a cached state adds to it; continue one token at a time"
         )
 
-    def run_from_arguments(self, entering: torch.Tensor | None = None) -> bool:
+    def run_from_arguments(self, entering: torch.Tensor | None = None) -> torch.Tensor | None:
         """Inside a trace without gradients that reads nothing inside this call: run the prompt's call from its arguments.
 
         Computes what the kernel call would return from its arguments as they
         stand (a knocked-out key included), continuing from ``entering``
         ([batch, ...] as ``state_output``; ``None`` for the call's own start),
-        and skips the kernel; returns whether it did. A kind declares it where
-        its pure-torch kernel is much slower than a computation of its own
-        (Mamba-1's scan, whose kernel starts from zeros: this continues from
-        the state itself); by default, on a decode step, with gradients and
-        beside an optimized kernel, it does nothing and returns ``False``.
-        ``nnterp.analysis.knockout`` runs its rows so. Nothing inside the call
-        can be read or written after it.
+        and skips the kernel. Returns the head outputs it computed, as
+        ``attention_head_outputs`` would have served them, or ``None`` where it
+        did not run. A kind declares it where its pure-torch kernel is much
+        slower than a computation of its own (Mamba-1's scan, whose kernel
+        starts from zeros: this continues from the state itself); by default,
+        on a decode step, with gradients and beside an optimized kernel, it
+        does nothing. ``nnterp.analysis.knockout`` runs its rows so, and
+        ``attribution_patch`` its corrupt run. Nothing inside the call can be
+        read or written after it.
         """
-        return False
+        return None
 
     def backward_through_adjoint(self, corrupt: tuple[torch.Tensor, ...] | None = None) -> AdjointRoute | None:
         """Inside a trace that takes gradients: route this call's backward through its recurrence's adjoint.
