@@ -329,3 +329,15 @@ def test_blocks_of_different_widths_are_padded_with_nan():
     assert estimate.scores.shape[-1] == max(widths)
     for scores, width in zip(estimate.scores, widths, strict=True):
         assert torch.isfinite(scores[:, :width]).all() and scores[:, width:].isnan().all()
+
+
+def test_unavailable_asks_one_value_as_support_asks_them_all():
+    """The owner check asks one value (unavailable(name) is support()[name], the reason where a value is missing:
+    Mamba-1's states without routing); None for a name that is no value."""
+    model = tiny_standardized("mamba")
+    modules = [model.layers[0], model.layers[0].linear_attn]
+    reasons = [(module.support(), module) for module in modules]
+    for support, module in reasons:
+        assert {name: module.unavailable(name) for name in support} == support
+        assert module.unavailable("no_such_value") is None
+    assert model.layers[0].linear_attn.unavailable("states") is not None

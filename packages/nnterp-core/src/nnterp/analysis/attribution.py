@@ -310,4 +310,4 @@ def _owner(model: Any, layer: int, value: str) -> Any:
             f"gradient runs back through its recurrence (RecurrentMixer.state_gradients); estimate its "
             f"attention_output, or patch its states exactly with set_state_after"
         )
-    return owner if owner.support().get("state_trajectory" if value == STATES else name) is None else None
+    return owner if owner.unavailable("state_trajectory" if value == STATES else name) is None else None

@@ -68,6 +68,12 @@ class Standard(ValueHost, Envoy):
         """Which values this module has: value name -> ``None`` when available, else the reason it is not."""
         return {name: value.reason(self) for name, value in self.values().items()}
 
+    def unavailable(self, name: str) -> str | None:
+        """Why this module does not have the value ``name``, as ``support()`` says; ``None`` when it has it, or when
+        its class declares no standard value so named. Asks that value alone: ``support()`` asks every one."""
+        value = self.values().get(name)
+        return None if value is None else value.reason(self)
+
 
 class Sublayer(Standard):
     """A module whose output its block adds to the residual stream: an attention, an MLP, a recurrent mixer.
