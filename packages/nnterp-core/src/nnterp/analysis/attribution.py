@@ -54,7 +54,8 @@ from torch import Tensor
 
 from ..availability import Unavailable
 from ..components.layer import ATTENTION, RECURRENT_MIXER
-from .blocks import Mixers, block_indices, known, mixers, token_ids
+from ..components.per_token import TORCH_SCAN_CHUNK, ChunkBoundaries
+from .blocks import Mixers, block_indices, known, mixers, recurrent_mixers, token_ids
 
 #: What ``attribution_patch`` estimates, in the order a block's forward makes them.
 ESTIMATED = (
@@ -144,7 +145,9 @@ def attribution_patch(
 
     groups = _in_forward_order(model, places)
     in_order = [place for _, _, group in groups for place in group]
-    with torch.no_grad(), model.trace(corrupt_ids):
+    scans, seq = recurrent_mixers(mixers(model)), clean_ids.shape[1]
+    # a chunk scan's pure-torch path is fastest, forwards and backwards, in chunks of at most TORCH_SCAN_CHUNK tokens
+    with torch.no_grad(), ChunkBoundaries.fitted(scans, seq, TORCH_SCAN_CHUNK), model.trace(corrupt_ids):
         for block, owner, group in groups:
             states = next((place for place in group if place.value == STATES), None)
             if states is not None:
@@ -159,7 +162,11 @@ def attribution_patch(
                 place.corrupt = (served if served is not None else getattr(place.owner, place.name)).clone().save()
     try:
         # without a cache: a forward that updates one in place (RWKV's) leaves autograd nothing to run back through
-        with _gradients_of_activations_only(model._module), model.trace(clean_ids, use_cache=False):
+        with (
+            ChunkBoundaries.fitted(scans, seq, TORCH_SCAN_CHUNK),
+            _gradients_of_activations_only(model._module),
+            model.trace(clean_ids, use_cache=False),
+        ):
             for block, owner, group in groups:
                 states = next((place for place in group if place.value == STATES), None)
                 # every recurrent mixer the metric's gradient runs back through, chosen or not
