@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .positions import Advance, Positions, asked_chunks, select_positions, write_chunk_states
@@ -136,11 +135,16 @@ class ChunkedRecurrence:
     def in_chunks(self, tensor: Tensor, dim: int) -> Tensor:
         """``tensor`` with its token axis ``dim`` padded with zeros to whole chunks and split into ``[chunks, chunk_size]``.
 
-        A family lays its tokens out so that a zero padding token leaves the state as it is.
+        A family lays its tokens out so that a zero padding token leaves the state as it is. The result is
+        contiguous, whatever ``tensor``'s layout (a tokens-first view transposed to heads first, say): a batched
+        matrix product copies a non-contiguous operand every time it reads it.
         """
         dim %= tensor.dim()
-        pad = -tensor.shape[dim] % self.chunk_size
-        return F.pad(tensor, (0, 0) * (tensor.dim() - 1 - dim) + (0, pad)).unflatten(dim, (-1, self.chunk_size))
+        padded = list(tensor.shape)
+        padded[dim] += -tensor.shape[dim] % self.chunk_size
+        result = tensor.new_zeros(padded)
+        result.narrow(dim, 0, tensor.shape[dim]).copy_(tensor)
+        return result.unflatten(dim, (-1, self.chunk_size))
 
     def lay_out(self, end: int) -> None:
         """Lay the tokens before ``end`` out in chunks, and prepare each chunk's carry."""

@@ -140,7 +140,12 @@ def _paired_estimates(clean: _DeltaRule, corrupt: _DeltaRule, query: Tensor, hea
 
     def paired(run: _DeltaRule, starts: Tensor, writes: list[Tensor]) -> Tensor:
         """``S_t . L_t`` of one run, ``[batch, heads, chunks, chunk]``."""
-        starts, written, kept = starts.transpose(1, 2), torch.stack(writes, dim=2), run.gates.squeeze(-1).cumsum(-1)
+        # heads first, contiguous: each product with the start states would copy a transposed view again
+        starts, written, kept = (
+            starts.transpose(1, 2).contiguous(),
+            torch.stack(writes, dim=2),
+            run.gates.squeeze(-1).cumsum(-1),
+        )
         # earlier[t, j] = exp(G_t - G_j) for j <= t
         earlier = _pairwise_decay(kept.unsqueeze(-1), kept.unsqueeze(-1), after).squeeze(-1)
         read_pairs = (reading @ run.keys.transpose(-1, -2)) * (gradients @ written.transpose(-1, -2))  # [r, j]
