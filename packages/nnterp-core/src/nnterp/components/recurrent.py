@@ -308,14 +308,16 @@ class RecurrentMixer(CallSite, CallOrder, Sublayer):
     def backward_through_adjoint(self, corrupt: tuple[torch.Tensor, ...] | None = None) -> AdjointRoute | None:
         """Inside a trace that takes gradients: route this call's backward through its recurrence's adjoint.
 
-        The forward goes on with the kernel's own output; only the path the
-        gradient takes back through the call changes, to the adjoint computed
-        from the call's arguments. A kind declares it where autograd's record of
-        its pure-torch kernel costs more than the adjoint (Mamba-1's token
-        loop, whose backward is quadratic in the prompt); by default, and
-        beside an optimized kernel with its own backward, it does nothing.
-        ``nnterp.analysis.attribution_patch`` calls it on every mixer of its
-        clean run. Call it before reading the call's values.
+        The forward goes on with the call's output, the kernel's or, where the
+        kind computes the call from its arguments (Mamba-1), that one, equal to
+        it to rounding; the path the gradient takes back through the call
+        changes, to the adjoint computed from the call's arguments. A kind
+        declares it where autograd's record of its pure-torch kernel costs more
+        than the adjoint (Mamba-1's token loop, whose backward is quadratic in
+        the prompt); by default, and beside an optimized kernel with its own
+        backward, it does nothing. ``nnterp.analysis.attribution_patch`` calls
+        it on every mixer of its clean run. Call it before reading the call's
+        values, and read the head outputs from the route.
 
         ``corrupt`` is what ``state_patch_inputs`` read on another run of this
         call: the backward, which runs the adjoint anyway, then also estimates
