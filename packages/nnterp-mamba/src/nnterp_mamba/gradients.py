@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .trajectory import step_sizes
+from .trajectory import step_sizes, tokens_first
 
 
 @torch.no_grad()
@@ -86,7 +86,7 @@ def _decays(step: Tensor, A: Tensor) -> Tensor:
     """``exp(dt_t A)``, ``[batch, seq, channels, state_dim]`` float32, from the steps ``[batch, channels, seq]``."""
     batch, channels, seq = step.shape
     result = torch.empty(batch, seq, channels, A.shape[1], device=step.device)
-    return torch.mul(_tokens_first(step)[..., None], A.float(), out=result).exp_()
+    return torch.mul(tokens_first(step)[..., None], A.float(), out=result).exp_()
 
 
 def _states(decays: Tensor, written: Tensor, keys: Tensor) -> Tensor:
@@ -94,7 +94,7 @@ def _states(decays: Tensor, written: Tensor, keys: Tensor) -> Tensor:
     over the decays ``exp(dt_t A)`` the adjoint reads too: ``written`` is ``dt x`` ``[batch, channels, seq]``, ``keys``
     the scan's ``B`` ``[batch, state_dim, seq]``."""
     result = torch.empty(decays.shape, device=decays.device)
-    torch.mul(_tokens_first(written)[..., None], _tokens_first(keys)[:, :, None], out=result)  # each token's write
+    torch.mul(tokens_first(written)[..., None], tokens_first(keys)[:, :, None], out=result)  # each token's write
     states, kept = result.unbind(1), decays.unbind(1)
     for t in range(1, len(states)):
         states[t].addcmul_(states[t - 1], kept[t])
@@ -104,17 +104,11 @@ def _states(decays: Tensor, written: Tensor, keys: Tensor) -> Tensor:
 def _adjoint(decays: Tensor, C: Tensor, head_output_gradients: Tensor) -> Tensor:
     """``selective_scan_state_gradients`` from the decays ``exp(dt_t A)`` themselves."""
     result = torch.empty(decays.shape, device=decays.device)
-    torch.mul(_tokens_first(head_output_gradients)[..., None], _tokens_first(C)[:, :, None], out=result)  # readouts
+    torch.mul(tokens_first(head_output_gradients)[..., None], tokens_first(C)[:, :, None], out=result)  # readouts
     adjoint, kept = result.unbind(1), decays.unbind(1)
     for t in reversed(range(len(adjoint) - 1)):
         adjoint[t].addcmul_(adjoint[t + 1], kept[t + 1])
     return result
-
-
-def _tokens_first(value: Tensor) -> Tensor:
-    """``[batch, width, seq]`` as a contiguous ``[batch, seq, width]`` float32: each token's row in one place, so the
-    products that make a state-sized tensor from it write every token's slice contiguously, as the loops read them."""
-    return value.float().transpose(1, 2).contiguous()
 
 
 class SelectiveScanAdjoint(torch.autograd.Function):

@@ -220,10 +220,10 @@ def selective_scan_head_outputs(
     block = max(1, BLOCK_BYTES // (batch * channels * A.shape[-1] * compute.itemsize))
     # tokens first and contiguous, so that the block's products are too: from channel-first views they would keep
     # the channel-first layout, and each token's slice would be scattered across the block
-    step = step_sizes(dt, dt_bias, softplus, compute).transpose(1, 2).contiguous()  # [batch, seq, channels]
+    step = tokens_first(step_sizes(dt, dt_bias, softplus, compute), compute)  # [batch, seq, channels]
     written = step * x.to(compute).transpose(1, 2)
     rate = A.to(compute)
-    keys, reading = (value.to(compute).transpose(1, 2).contiguous() for value in (B, C))  # [batch, seq, state_dim]
+    keys, reading = (tokens_first(value, compute) for value in (B, C))  # [batch, seq, state_dim]
     state = x.new_zeros(batch, channels, A.shape[-1], dtype=compute)
     if initial_state is not None:
         state.copy_(initial_state)
@@ -237,6 +237,13 @@ def selective_scan_head_outputs(
         torch.matmul(states, reading[:, start:stop, :, None], out=outputs[:, start:stop, :, None])
     y = outputs.transpose(1, 2)
     return y if D is None else y + D.to(compute)[:, None] * x.to(compute), state
+
+
+def tokens_first(value: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``[batch, width, seq]`` as a contiguous ``[batch, seq, width]`` in ``dtype``: each token's row in one place, so
+    the products that make a state-sized tensor from it lay every token's slice out contiguously, as the token loops
+    read them (a product of channel-first views would keep their layout)."""
+    return value.to(dtype).transpose(1, 2).contiguous()
 
 
 def gated(y: Tensor, z: Tensor | None) -> Tensor:

@@ -157,9 +157,13 @@ def attribution_patch(
             for place in group:
                 if place is states:
                     continue
-                served = computed if place.value == HEAD_OUTPUTS and computed is not None else None
+                served = (
+                    computed
+                    if place.value == HEAD_OUTPUTS and computed is not None
+                    else getattr(place.owner, place.name)
+                )
                 # a served tensor can be the model's own, which a later write would change
-                place.corrupt = (served if served is not None else getattr(place.owner, place.name)).clone().save()
+                place.corrupt = served.clone().save()
     try:
         # without a cache: a forward that updates one in place (RWKV's) leaves autograd nothing to run back through
         with (
